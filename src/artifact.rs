@@ -1,0 +1,1 @@
+//! TODO: module `artifact` (see DESIGN.md).

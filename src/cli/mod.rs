@@ -1,0 +1,72 @@
+//! Command-line interface of the `tritonrt` binary. Parsing lives here; each
+//! subcommand is one function in its own file. Errors are printed as `error:` followed
+//! by each `caused by:`, and the process exits with a distinct code per failure class.
+
+use clap::{Parser, Subcommand};
+
+mod autotune;
+mod bench;
+mod core_cmds;
+mod run;
+
+/// Exit code: success.
+pub const EXIT_OK: i32 = 0;
+/// Exit code: a check failed (`verify` found a bad artifact, `run` found a wrong answer).
+pub const EXIT_CHECK_FAILED: i32 = 1;
+/// Exit code: an error (bad input, missing driver, I/O).
+pub const EXIT_ERROR: i32 = 2;
+
+/// Run Triton-compiled GPU kernels with no Python at run time, and the PQCache
+/// decode-step indexer built on them.
+#[derive(Debug, Parser)]
+#[command(name = "tritonrt", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the PQCache decode-step indexer (default: the reference workload on the GPU,
+    /// checked against the CPU reference).
+    Run(run::RunArgs),
+    /// Time the indexer step: launches, CUDA graph replay, and the memory floor.
+    Bench(bench::BenchArgs),
+    /// Time every compiled variant of each kernel on this GPU and persist the winners.
+    Autotune(autotune::AutotuneArgs),
+    /// Load and JIT every artifact for the present GPU into the user cubin cache.
+    Warmup(core_cmds::WarmupArgs),
+    /// List the kernel variants in a ptx_cache with their launch metadata.
+    Inspect(core_cmds::InspectArgs),
+    /// Check size and sha256 of every file in a ptx_cache; exit 1 naming each bad one.
+    Verify(core_cmds::VerifyArgs),
+    /// Add one entry of Triton's own cache directory (`~/.triton/cache/<hash>/`) to a
+    /// ptx_cache.
+    Import(core_cmds::ImportArgs),
+}
+
+/// Parse the command line, run the subcommand, print errors, and return the exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Autotune(a) => autotune::autotune(a),
+        Command::Warmup(a) => core_cmds::warmup(a),
+        Command::Inspect(a) => core_cmds::inspect(a),
+        Command::Verify(a) => core_cmds::verify(a),
+        Command::Import(a) => core_cmds::import(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            EXIT_ERROR
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! TODO: module `device` (see DESIGN.md).

@@ -1,0 +1,1 @@
+//! TODO: module `jit` (see DESIGN.md).

@@ -1,0 +1,1 @@
+//! TODO: module `kernel` (see DESIGN.md).

@@ -1,0 +1,1 @@
+//! TODO: module `tune` (see DESIGN.md).
