@@ -40,6 +40,74 @@ pub enum Error {
     // ---- kernel launch (src/kernel) ----
     // ---- PQ indexer (src/pq) ----
     // ---- autotuner (src/tune) ----
+    /// A tuning table's `schema_version` is missing or is not the one this build reads.
+    /// At run time such a table is ignored with one warning (manifest defaults are used);
+    /// `tritonrt autotune --import` refuses it with this error.
+    #[error(
+        "tuning table {path}: schema_version {found} is not supported (this build reads \
+         schema_version {expected}); re-run `tritonrt autotune` or import a table written \
+         by a matching tritonrt"
+    )]
+    TuneSchema {
+        /// The table file.
+        path: PathBuf,
+        /// What the file holds (`missing`, a number, or the JSON value found).
+        found: String,
+        /// The schema version this build reads ([`crate::tune::SCHEMA_VERSION`]).
+        expected: u32,
+    },
+
+    /// One entry of a tuning table is inconsistent (checked by `--import`; at run time
+    /// such an entry is simply never used).
+    #[error("tuning table {path}: entry {index} (kernel {kernel}, bucket {bucket}): {msg}")]
+    TuneEntry {
+        /// The table file.
+        path: PathBuf,
+        /// 0-based position of the entry in the file's `entries` array.
+        index: usize,
+        /// The entry's logical kernel name.
+        kernel: String,
+        /// The entry's shape bucket (string form).
+        bucket: String,
+        /// What is wrong, with expected vs got.
+        msg: String,
+    },
+
+    /// The candidate variants of a kernel cannot be tuned (no default, two defaults,
+    /// a duplicate id, a variant of another kernel, ...).
+    #[error("kernel {kernel}: candidate variants: {msg}")]
+    TuneCandidates {
+        /// The logical kernel name.
+        kernel: String,
+        /// What is wrong with the set, naming the variant ids involved.
+        msg: String,
+    },
+
+    /// The default variant could not be run, checked or timed. It is the correctness
+    /// oracle and the baseline, so without it nothing can be tuned for this kernel.
+    #[error(
+        "kernel {kernel}: default variant {variant}: {stage} failed, so there is no \
+         correctness oracle and nothing can be tuned: {reason}"
+    )]
+    TuneDefaultFailed {
+        /// The logical kernel name.
+        kernel: String,
+        /// The default variant's id.
+        variant: String,
+        /// What failed: `launch`, `determinism check`, `timing`.
+        stage: &'static str,
+        /// The backend's message.
+        reason: String,
+    },
+
+    /// `tritonrt autotune` was asked to time kernels but no GPU timing backend is
+    /// available (no CUDA driver or device).
+    #[error("tritonrt autotune needs a CUDA device: {reason}")]
+    TuneNoDevice {
+        /// Why no device could be used.
+        reason: String,
+    },
+
     /// A value given by the user is not acceptable.
     #[error("invalid {what}: {msg}")]
     Invalid {

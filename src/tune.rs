@@ -1,1 +1,0 @@
-//! TODO: module `tune` (see DESIGN.md).
