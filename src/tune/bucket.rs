@@ -1,0 +1,524 @@
+//! Shape buckets: which launches share a tuning result.
+//!
+//! # What a bucket is, and why
+//!
+//! The fastest variant of a kernel depends on the launch's shape, but tuning every exact
+//! shape is impossible (the number of keys `n` grows by one every decode step). A *shape
+//! bucket* is the set of launches that are assumed to share one winner: the tuner times
+//! one representative shape per bucket, and at launch the runtime maps the actual shape
+//! to its bucket and takes that bucket's winner.
+//!
+//! Two forces decide what goes into the key:
+//!
+//! - **Speed.** Features that change which variant is fastest, rounded so that a bucket
+//!   covers many shapes: the number of rows (`B * H`, the grid's second dimension) and
+//!   the keys per row `n` (the grid's first dimension) are rounded up to a power of two,
+//!   the top-k size `heavy` is rounded up to the power of two a top-k kernel pads to.
+//!   The subvector dimension `d_s` and the centroid count `K` are few distinct values
+//!   that shape the inner loops, and are kept exact.
+//! - **Validity.** A bucket too coarse picks invalid winners: burn #5352 rounded shapes
+//!   to powers of two, which merged aligned and unaligned sizes, and a winner tuned on an
+//!   aligned shape then failed on an unaligned one. So everything that can make a variant
+//!   *invalid* is keyed exactly: the kernel, the dtypes, the GPU arch, `d_s` (a
+//!   `BLOCK_D` smaller or larger than `d_s` changes the code path) and the alignment of
+//!   `n`: the largest power of two that divides every `n` the lookup covers (capped at
+//!   [`ALIGN_CAP`]). Triton block sizes are powers of two (`tl.arange` requires it), so
+//!   this one number says, for every candidate block size `b`, whether `n % b == 0`,
+//!   which is what a variant compiled with an "even `n`" assumption (or an integer
+//!   argument with `divisibility` 16 in the manifest) relies on.
+//!
+//! A decode loop sees every `n` in turn, so its lookups use alignment 1
+//! ([`ShapeFeatures::decode`]): only variants valid for any `n` can win there. A one-shot
+//! launch can use the exact alignment of its `n` ([`ShapeFeatures::one_shot`]).
+//!
+//! # String form
+//!
+//! A bucket's [`Display`](std::fmt::Display) form is its key in the tuning table, stable
+//! across builds (a change of meaning bumps [`BUCKET_VERSION`], which is part of the
+//! string):
+//!
+//! `b1:pq_score_kernel_v6:fp32:sm90:rows<=32:n<=32768:align1:ds64:K64:heavy<=128`
+//!
+//! [`ShapeBucket`] parses it back ([`std::str::FromStr`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// Version of the bucket's meaning; part of the string form. Bump it when the features
+/// or their rounding change, so old table entries stop matching instead of being
+/// misapplied.
+pub const BUCKET_VERSION: u32 = 1;
+
+/// Largest alignment of `n` a bucket distinguishes (elements). Larger than any block
+/// size compiled in `kernels_triton/` (Triton blocks are powers of two, at most 1024 keys
+/// here), so `align >= b` is exactly "`n` is divisible by block size `b`".
+pub const ALIGN_CAP: u64 = 1024;
+
+/// The shape features of one launch (or of a family of launches) that [`bucket_for`]
+/// rounds into a [`ShapeBucket`]. Counts are elements, not bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ShapeFeatures {
+    /// Independent rows of work: `B * H` for per-query-head kernels (scoring, top-k),
+    /// `B * H_kv` for per-KV-head kernels (quantization). At least 1.
+    pub rows: u64,
+    /// Keys per row `n` (quantized keys scored / selected over). May be 0.
+    pub n_keys: u64,
+    /// The largest power of two that divides every `n` this lookup covers, at most
+    /// [`ALIGN_CAP`]: [`align_of`]`(n)` for one launch, 1 for a decode loop.
+    pub n_align: u64,
+    /// Subvector dimension `d_s = D / M` (elements).
+    pub sub_dim: u32,
+    /// Centroids per subvector `K = 2^bits`.
+    pub centroids: u32,
+    /// Heavy-hitter count `heavy_size` (the top-k size); 0 when the kernel has none.
+    pub heavy: u32,
+}
+
+impl ShapeFeatures {
+    /// Features of one launch with exactly `n_keys` keys per row: the alignment is that
+    /// of `n_keys` ([`align_of`]).
+    pub fn one_shot(rows: u64, n_keys: u64, sub_dim: u32, centroids: u32, heavy: u32) -> Self {
+        ShapeFeatures {
+            rows,
+            n_keys,
+            n_align: align_of(n_keys),
+            sub_dim,
+            centroids,
+            heavy,
+        }
+    }
+
+    /// Features of a decode loop currently at `n_keys` keys per row: `n` grows by one
+    /// per step, so no alignment can be assumed (`n_align = 1`).
+    pub fn decode(rows: u64, n_keys: u64, sub_dim: u32, centroids: u32, heavy: u32) -> Self {
+        ShapeFeatures {
+            rows,
+            n_keys,
+            n_align: 1,
+            sub_dim,
+            centroids,
+            heavy,
+        }
+    }
+}
+
+/// The largest power of two dividing `n`, capped at [`ALIGN_CAP`] (0 is divisible by
+/// everything, so `align_of(0) == ALIGN_CAP`).
+pub fn align_of(n: u64) -> u64 {
+    if n == 0 {
+        ALIGN_CAP
+    } else {
+        (1u64 << n.trailing_zeros()).min(ALIGN_CAP)
+    }
+}
+
+/// A shape bucket: the key under which one tuning result is stored (see the module
+/// docs for what is in it and why). Build it with [`bucket_for`]; its string form
+/// ([`fmt::Display`]) is the table key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShapeBucket {
+    /// The logical kernel name (the manifest's `kernel`).
+    pub kernel: String,
+    /// Dtypes of the kernel's tensor arguments that select code paths, in signature
+    /// order (e.g. `["fp32"]`, `["bf16", "fp32"]`); may also carry other value-level
+    /// specializations such as the metric (`"ip"`). At least one.
+    pub dtypes: Vec<String>,
+    /// The device's compute capability as `major * 10 + minor` (90 for H100).
+    pub arch: u32,
+    /// `rows` rounded up to a power of two.
+    pub rows: u64,
+    /// `n` rounded up to a power of two (`n = 0` gives 1).
+    pub n_band: u64,
+    /// Alignment of `n`: a power of two in `1..=ALIGN_CAP`.
+    pub n_align: u64,
+    /// Subvector dimension `d_s`, exact.
+    pub sub_dim: u32,
+    /// Centroids per subvector `K`, exact.
+    pub centroids: u32,
+    /// `heavy` rounded up to a power of two (0 stays 0).
+    pub heavy_pad: u32,
+}
+
+/// Map a launch's shape to its bucket. Pure: the same inputs always give the same bucket.
+///
+/// `kernel` is the logical kernel name, `dtypes` the dtype list (see
+/// [`ShapeBucket::dtypes`]), `arch` the device's compute capability (`major * 10 +
+/// minor`).
+///
+/// # Errors
+///
+/// [`Error::Invalid`] when a name is empty or holds a character outside
+/// `[A-Za-z0-9_.-]` (the string form uses `:` and `+` as separators), when `dtypes` is
+/// empty, when `rows` is 0, or when `n_align` is not a power of two dividing `n_keys`.
+pub fn bucket_for(
+    kernel: &str,
+    dtypes: &[&str],
+    arch: u32,
+    shape: &ShapeFeatures,
+) -> Result<ShapeBucket> {
+    check_name("kernel name", kernel)?;
+    if dtypes.is_empty() {
+        return Err(Error::invalid(
+            "shape bucket dtypes",
+            format!("kernel {kernel}: expected at least one dtype, got none"),
+        ));
+    }
+    for d in dtypes {
+        check_name("shape bucket dtype", d)?;
+    }
+    if shape.rows == 0 {
+        return Err(Error::invalid(
+            "shape bucket rows",
+            format!("kernel {kernel}: rows (B*H) must be at least 1, got 0"),
+        ));
+    }
+    let align = shape.n_align;
+    if align == 0 || !align.is_power_of_two() {
+        return Err(Error::invalid(
+            "shape bucket n_align",
+            format!("kernel {kernel}: expected a power of two, got {align}"),
+        ));
+    }
+    if !shape.n_keys.is_multiple_of(align) {
+        return Err(Error::invalid(
+            "shape bucket n_align",
+            format!(
+                "kernel {kernel}: n_align {align} does not divide n = {} (expected a power \
+                 of two dividing n, e.g. align_of(n) = {})",
+                shape.n_keys,
+                align_of(shape.n_keys)
+            ),
+        ));
+    }
+    Ok(ShapeBucket {
+        kernel: kernel.to_string(),
+        dtypes: dtypes.iter().map(|d| d.to_string()).collect(),
+        arch,
+        rows: shape.rows.next_power_of_two(),
+        n_band: shape.n_keys.max(1).next_power_of_two(),
+        n_align: align.min(ALIGN_CAP),
+        sub_dim: shape.sub_dim,
+        centroids: shape.centroids,
+        heavy_pad: if shape.heavy == 0 {
+            0
+        } else {
+            shape.heavy.next_power_of_two()
+        },
+    })
+}
+
+fn check_name(what: &str, s: &str) -> Result<()> {
+    let ok = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            what,
+            format!("{s:?}: expected a non-empty name of characters [A-Za-z0-9_.-]"),
+        ))
+    }
+}
+
+impl ShapeBucket {
+    /// True when a variant whose block size along `n` is `block` (a power of two) divides
+    /// every `n` of this bucket: what a variant compiled without bounds masks needs.
+    pub fn n_divisible_by(&self, block: u64) -> bool {
+        block != 0 && block.is_power_of_two() && block <= self.n_align
+    }
+}
+
+impl fmt::Display for ShapeBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "b{BUCKET_VERSION}:{}:{}:sm{}:rows<={}:n<={}:align{}:ds{}:K{}:heavy<={}",
+            self.kernel,
+            self.dtypes.join("+"),
+            self.arch,
+            self.rows,
+            self.n_band,
+            self.n_align,
+            self.sub_dim,
+            self.centroids,
+            self.heavy_pad
+        )
+    }
+}
+
+impl FromStr for ShapeBucket {
+    type Err = Error;
+
+    /// Parse the string form written by [`fmt::Display`]. Errors name the field that
+    /// did not parse and the expected form.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |msg: String| {
+            Error::invalid(
+                "shape bucket",
+                format!(
+                    "{s:?}: {msg} (expected b{BUCKET_VERSION}:KERNEL:DTYPE[+DTYPE..]:smARCH:\
+                     rows<=R:n<=N:alignA:dsD:KK:heavy<=H)"
+                ),
+            )
+        };
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() != 10 {
+            return Err(bad(format!(
+                "{} ':'-separated fields, expected 10",
+                parts.len()
+            )));
+        }
+        if parts[0] != format!("b{BUCKET_VERSION}") {
+            return Err(bad(format!(
+                "bucket version {:?}, this build reads b{BUCKET_VERSION}",
+                parts[0]
+            )));
+        }
+        let num = |i: usize, prefix: &str| -> Result<u64> {
+            parts[i]
+                .strip_prefix(prefix)
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    bad(format!(
+                        "field {} {:?} is not {prefix}<number>",
+                        i, parts[i]
+                    ))
+                })
+        };
+        let small = |i: usize, prefix: &str| -> Result<u32> {
+            let v = num(i, prefix)?;
+            u32::try_from(v).map_err(|_| bad(format!("field {i} {:?} is too large", parts[i])))
+        };
+        let kernel = parts[1];
+        let dtypes: Vec<&str> = parts[2].split('+').collect();
+        let b = ShapeBucket {
+            kernel: kernel.to_string(),
+            dtypes: dtypes.iter().map(|d| d.to_string()).collect(),
+            arch: small(3, "sm")?,
+            rows: num(4, "rows<=")?,
+            n_band: num(5, "n<=")?,
+            n_align: num(6, "align")?,
+            sub_dim: small(7, "ds")?,
+            centroids: small(8, "K")?,
+            heavy_pad: small(9, "heavy<=")?,
+        };
+        check_name("kernel name", kernel)?;
+        for d in &dtypes {
+            check_name("shape bucket dtype", d)?;
+        }
+        let pow2 = |v: u64| v.is_power_of_two();
+        if !pow2(b.rows) || !pow2(b.n_band) || !pow2(b.n_align) || b.n_align > ALIGN_CAP {
+            return Err(bad(
+                "rows, n and align must be powers of two (align at most 1024)".into(),
+            ));
+        }
+        if b.heavy_pad != 0 && !b.heavy_pad.is_power_of_two() {
+            return Err(bad("heavy must be 0 or a power of two".into()));
+        }
+        Ok(b)
+    }
+}
+
+/// A PQCache decode-step workload, as `tritonrt autotune --workload` and `tritonrt run`
+/// describe it (see the spec's "Reference workload"). Sizes are element counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    /// Short name for reports: `reference`, `large`, or `custom`.
+    pub name: String,
+    /// Batch `B`.
+    pub batch: u64,
+    /// Query heads `H`.
+    pub heads: u64,
+    /// KV heads `H_kv` (`H % H_kv == 0`).
+    pub kv_heads: u64,
+    /// Sequence length `S` including the new token.
+    pub seq_len: u64,
+    /// Head dimension `D`.
+    pub head_dim: u64,
+    /// Subvectors per key `M` (`pq_group_factor`, `D % M == 0`).
+    pub subvectors: u64,
+    /// Bits per code (`pq_bits`, 1..=8): `K = 2^bits` centroids.
+    pub bits: u32,
+    /// `sink_size`.
+    pub sink: u64,
+    /// `window_size`.
+    pub window: u64,
+    /// `heavy_size` (the top-k size).
+    pub heavy: u64,
+    /// `init_offset`: quantized key `j` is token `init_offset + j`.
+    pub init_offset: u64,
+}
+
+impl Workload {
+    /// The spec's reference workload: `B=1, H=H_kv=32, S=32000, D=128, M=2, bits=6,
+    /// sink=window=heavy=init_offset=128`.
+    pub fn reference() -> Self {
+        Workload {
+            name: "reference".into(),
+            batch: 1,
+            heads: 32,
+            kv_heads: 32,
+            seq_len: 32000,
+            head_dim: 128,
+            subvectors: 2,
+            bits: 6,
+            sink: 128,
+            window: 128,
+            heavy: 128,
+            init_offset: 128,
+        }
+    }
+
+    /// The spec's large workload: the reference with `B=4, S=131072`.
+    pub fn large() -> Self {
+        Workload {
+            name: "large".into(),
+            batch: 4,
+            seq_len: 131072,
+            ..Workload::reference()
+        }
+    }
+
+    /// Check the spec's constraints.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] naming the first violated constraint, with the values.
+    pub fn validate(&self) -> Result<()> {
+        let w = "workload";
+        let fail = |m: String| Err(Error::invalid(w, m));
+        if self.batch == 0 || self.heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
+            return fail(format!(
+                "B, H, H_kv and D must be at least 1, got B={} H={} H_kv={} D={}",
+                self.batch, self.heads, self.kv_heads, self.head_dim
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return fail(format!(
+                "H % H_kv must be 0, got H={} H_kv={}",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.subvectors == 0 || !self.head_dim.is_multiple_of(self.subvectors) {
+            return fail(format!(
+                "D % M must be 0 with M >= 1, got D={} M={}",
+                self.head_dim, self.subvectors
+            ));
+        }
+        if !(1..=8).contains(&self.bits) {
+            return fail(format!("bits must be in 1..=8, got {}", self.bits));
+        }
+        if self.seq_len == 0 {
+            return fail("S must be at least 1, got 0".into());
+        }
+        Ok(())
+    }
+
+    /// Keys per row at this step: `n = S - init_offset` (0 when `S <= init_offset`).
+    pub fn n_keys(&self) -> u64 {
+        self.seq_len.saturating_sub(self.init_offset)
+    }
+
+    /// Rows of a per-query-head kernel: `B * H`.
+    pub fn rows(&self) -> u64 {
+        self.batch * self.heads
+    }
+
+    /// Decode-loop shape features of a per-query-head kernel (rows `B * H`, `n` keys per
+    /// row, alignment 1: see [`ShapeFeatures::decode`]).
+    pub fn features(&self) -> ShapeFeatures {
+        ShapeFeatures::decode(
+            self.rows(),
+            self.n_keys(),
+            (self.head_dim / self.subvectors.max(1)) as u32,
+            1u32 << self.bits.min(31),
+            self.heavy as u32,
+        )
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: B={} H={} H_kv={} S={} D={} M={} bits={} sink={} window={} heavy={} \
+             init_offset={}",
+            self.name,
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.seq_len,
+            self.head_dim,
+            self.subvectors,
+            self.bits,
+            self.sink,
+            self.window,
+            self.heavy,
+            self.init_offset
+        )
+    }
+}
+
+impl FromStr for Workload {
+    type Err = Error;
+
+    /// `reference`, `large`, or `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (the other values are
+    /// the reference workload's). The result is validated ([`Workload::validate`]).
+    fn from_str(s: &str) -> Result<Self> {
+        let w = match s.trim() {
+            "reference" => Workload::reference(),
+            "large" => Workload::large(),
+            other => {
+                let fields: Vec<&str> = other.split(',').map(str::trim).collect();
+                if !(5..=8).contains(&fields.len()) {
+                    return Err(Error::invalid(
+                        "workload",
+                        format!(
+                            "{s:?}: expected `reference`, `large` or \
+                             B,H,H_kv,S,D[,M[,bits[,heavy]]] (5 to 8 comma-separated \
+                             integers), got {} fields",
+                            fields.len()
+                        ),
+                    ));
+                }
+                let names = ["B", "H", "H_kv", "S", "D", "M", "bits", "heavy"];
+                let mut v = [0u64; 8];
+                for (i, f) in fields.iter().enumerate() {
+                    v[i] = f.parse::<u64>().map_err(|_| {
+                        Error::invalid(
+                            "workload",
+                            format!(
+                                "{s:?}: field {} ({}) = {f:?} is not a non-negative integer",
+                                i + 1,
+                                names[i]
+                            ),
+                        )
+                    })?;
+                }
+                let r = Workload::reference();
+                let bits = if fields.len() > 6 {
+                    v[6]
+                } else {
+                    r.bits as u64
+                };
+                Workload {
+                    name: "custom".into(),
+                    batch: v[0],
+                    heads: v[1],
+                    kv_heads: v[2],
+                    seq_len: v[3],
+                    head_dim: v[4],
+                    subvectors: if fields.len() > 5 { v[5] } else { r.subvectors },
+                    bits: u32::try_from(bits).unwrap_or(u32::MAX),
+                    heavy: if fields.len() > 7 { v[7] } else { r.heavy },
+                    ..r
+                }
+            }
+        };
+        w.validate()?;
+        Ok(w)
+    }
+}
