@@ -1,10 +1,188 @@
-//! `tritonrt autotune` (TODO).
+//! `tritonrt autotune`: time every compiled variant of each kernel on this GPU, persist
+//! the winners in the tuning table, and import / export / show tables.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use super::EXIT_OK;
+use crate::tune::{self, GpuRequest, TuneSettings, TuningTable, Workload};
 
 /// Arguments of `tritonrt autotune`.
 #[derive(Debug, clap::Args)]
-pub struct AutotuneArgs {}
+#[command(
+    after_help = "Time every compiled variant of each kernel on this GPU for the shape \
+buckets of the given workloads, and persist the winners in the tuning table.\n\n\
+For each kernel and bucket the manifest's default variant is timed and is the correctness \
+oracle: a variant that fails to launch or whose output differs from the default's is \
+reported and excluded, never chosen. The winner is the lowest median time (CUDA events, \
+warm-up first, input sets rotated to exceed L2), and must beat the default by 1%.\n\n\
+The table lives in $TRITONRT_CACHE_DIR/tuning.json (default: the user cache dir, e.g. \
+~/.cache/tritonrt/tuning.json) and is written atomically, merged with what is there. \
+At launch the runtime takes the tuned variant for the shape's bucket, else the manifest \
+default; stale entries (kernel, variants or driver changed) are ignored.\n\n\
+Table operations need no GPU: with --import and/or --export (or --show) nothing is tuned \
+unless --tune is also given. Order: import, tune, export, show.\n\n\
+Examples:\n  \
+tritonrt autotune                                     # tune reference and large\n  \
+tritonrt autotune --kernel pq_score_kernel_v6 --workload 2,32,8,65536,128\n  \
+tritonrt autotune --tune --export deploy/tuning.json  # tune, then ship the table\n  \
+tritonrt autotune --import deploy/tuning.json --show  # on the target machine"
+)]
+pub struct AutotuneArgs {
+    /// Logical kernel to tune (repeatable); default: every kernel in the manifest.
+    #[arg(long = "kernel", value_name = "NAME")]
+    pub kernels: Vec<String>,
+
+    /// Workload whose shape buckets to tune (repeatable): `reference`, `large`, or
+    /// `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (the rest as in the reference workload).
+    /// Default: reference and large.
+    #[arg(long = "workload", value_name = "SPEC")]
+    pub workloads: Vec<Workload>,
+
+    /// Timed samples per variant (each the mean of --launches-per-sample launches).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub repeats: usize,
+
+    /// Untimed warm-up launches before each timing call.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub warmup: usize,
+
+    /// Launches per timed sample (one CUDA event pair around them).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub launches_per_sample: usize,
+
+    /// Merge the entries of this tuning table (validated) into the table first.
+    #[arg(long, value_name = "FILE")]
+    pub import: Option<PathBuf>,
+
+    /// Write the table (after import and tuning) to this file, e.g. next to ptx_cache/.
+    #[arg(long, value_name = "FILE")]
+    pub export: Option<PathBuf>,
+
+    /// The tuning table to read and update.
+    /// [default: $TRITONRT_CACHE_DIR/tuning.json, else <user cache dir>/tritonrt/tuning.json]
+    #[arg(long, value_name = "FILE", env = "TRITONRT_TUNING_TABLE")]
+    pub table: Option<PathBuf>,
+
+    /// Print the table's winner per bucket at the end.
+    #[arg(long)]
+    pub show: bool,
+
+    /// Tune even when --import, --export or --show is given.
+    #[arg(long)]
+    pub tune: bool,
+
+    /// CUDA device ordinal.
+    #[arg(long, value_name = "N", default_value_t = 0, env = "TRITONRT_DEVICE")]
+    pub device: usize,
+
+    /// The ptx_cache directory with manifest.json [default: the crate's ptx_cache/].
+    #[arg(long, value_name = "DIR", env = "TRITONRT_PTX_CACHE")]
+    pub ptx_cache: Option<PathBuf>,
+}
 
 /// Entry point of `tritonrt autotune`; returns the process exit code.
-pub fn autotune(_args: AutotuneArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("tritonrt autotune is not implemented yet")
+pub fn autotune(args: AutotuneArgs) -> anyhow::Result<i32> {
+    let table_path = match &args.table {
+        Some(p) => p.clone(),
+        None => tune::table::default_path().context("locating the tuning table")?,
+    };
+
+    if let Some(file) = &args.import {
+        let incoming = TuningTable::load(file)
+            .with_context(|| format!("importing tuning table {}", file.display()))?;
+        let stats = incoming
+            .save_merged(&table_path)
+            .with_context(|| format!("merging into {}", table_path.display()))?;
+        println!(
+            "imported {} entries from {} into {} ({} added, {} replaced)",
+            incoming.len(),
+            file.display(),
+            table_path.display(),
+            stats.added,
+            stats.replaced
+        );
+    }
+
+    let table_ops = args.import.is_some() || args.export.is_some() || args.show;
+    if args.tune || !table_ops {
+        tune_on_gpu(&args, &table_path)?;
+    }
+
+    if let Some(file) = &args.export {
+        let table = TuningTable::load(&table_path).with_context(|| {
+            format!(
+                "reading tuning table {} to export it (run `tritonrt autotune` first, or \
+                 pass --table FILE)",
+                table_path.display()
+            )
+        })?;
+        table
+            .save(file)
+            .with_context(|| format!("exporting tuning table to {}", file.display()))?;
+        println!(
+            "exported {} entries from {} to {}",
+            table.len(),
+            table_path.display(),
+            file.display()
+        );
+    }
+
+    if args.show {
+        let table = TuningTable::open(&table_path);
+        println!(
+            "tuning table {} ({} entries)",
+            table_path.display(),
+            table.len()
+        );
+        if !table.is_empty() {
+            print!("{}", tune::render_summary(table.entries()));
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Result<()> {
+    let settings = TuneSettings {
+        warmup: args.warmup,
+        repeats: args.repeats,
+        launches_per_sample: args.launches_per_sample,
+        ..TuneSettings::default()
+    };
+    settings.validate()?;
+    let workloads = if args.workloads.is_empty() {
+        vec![Workload::reference(), Workload::large()]
+    } else {
+        args.workloads.clone()
+    };
+    let req = GpuRequest {
+        device: args.device,
+        ptx_cache: args
+            .ptx_cache
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache"))),
+        kernels: args.kernels.clone(),
+        workloads,
+    };
+    let mut session = tune::gpu_targets(&req)?;
+    let mut tuned = TuningTable::new();
+    for target in session.targets.iter_mut() {
+        let entry = tune::tune(target.as_mut(), &session.device, &settings)?;
+        println!("{}", tune::render_report(&entry));
+        tuned.insert(entry)?;
+    }
+    let stats = tuned
+        .save_merged(table_path)
+        .with_context(|| format!("saving tuning table {}", table_path.display()))?;
+    println!("winner per bucket:");
+    print!("{}", tune::render_summary(tuned.entries()));
+    println!(
+        "saved {} entries to {} ({} added, {} replaced)",
+        tuned.len(),
+        table_path.display(),
+        stats.added,
+        stats.replaced
+    );
+    Ok(())
 }
