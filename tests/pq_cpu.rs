@@ -255,6 +255,26 @@ fn hand_case_euclidean_two_batches_two_new_keys() {
     assert_eq!(quantize_key(&c, &x, 0, 0, 6), vec![1, 0]);
     assert!(check_exact(&c, &x, &out).passed());
     assert_matches_naive(&c, &x, "hand euclidean");
+
+    // The same numbers as GQA: B=1, H=2 query heads sharing H_kv=1 KV head. Head 0 has
+    // batch 0's query, head 1 batch 1's: the rows are the same as above.
+    let gqa = PqInputs {
+        shape: Shape {
+            b: 1,
+            h: 2,
+            h_kv: 1,
+            ..shape
+        },
+        key: x.key[..16].to_vec(),
+        centroids: x.centroids[..4].to_vec(),
+        codes: codes_h1(&[cached]),
+        ..x.clone()
+    };
+    let out = step(&c, &gqa).unwrap();
+    assert_eq!(out.row(0, 0), &[0, 2, 6, 7]);
+    assert_eq!(out.row(0, 1), &[0, 3, 4, 7]);
+    assert_eq!(out.codes[10..], [1, 0, 0, 0]);
+    assert_matches_naive(&c, &gqa, "hand GQA");
 }
 
 /// Metric ip: D=2, M=1 (d_s=2, d_c=3), bits=1 (K=2); sink=0, window=1, heavy=1,
@@ -1250,8 +1270,24 @@ fn writes_are_atomic() {
     assert!(e.contains("weight_list"), "{e}");
     assert_eq!(std::fs::read(&good).unwrap(), before);
     assert!(leftovers(dir.path()).is_empty());
-    // Overwriting works and leaves no temporary file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&good).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode, 0o644,
+            "a new output file is rw-r--r--, not the tempfile's 0600"
+        );
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o640)).unwrap();
+    }
+    // Overwriting works, keeps the file's permissions and leaves no temporary file.
     write_outputs(&good, &c, &out).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&good).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+    }
     assert_eq!(read_outputs(&good).unwrap(), out);
     assert!(leftovers(dir.path()).is_empty());
 }
@@ -1392,4 +1428,43 @@ fn cli_run_reports_bad_input_clearly() {
     let (code, _, stderr) = tritonrt(&["run", "--input", "x.safetensors", "--seq-len", "5"]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+// ----------------------------------------------------------------------------------
+// Size and speed on the spec's workloads (release build; run with --ignored)
+// ----------------------------------------------------------------------------------
+
+/// The reference and large workloads end to end on the CPU: generate, step, check.
+/// `cargo test --release --test pq_cpu -- --ignored --nocapture` prints the timings.
+#[test]
+#[ignore = "large: needs a release build and ~1.5 GB of memory"]
+fn spec_workloads_generate_step_and_check() {
+    for (name, shape) in [("reference", Shape::reference()), ("large", Shape::large())] {
+        let c = PqConfig::reference_workload();
+        let t = std::time::Instant::now();
+        let x = PqInputs::random(&c, shape, PqInputs::default_n_cached(&c, shape.s), 1).unwrap();
+        let gen = t.elapsed();
+        let t = std::time::Instant::now();
+        let out = step(&c, &x).unwrap();
+        let st = t.elapsed();
+        let t = std::time::Instant::now();
+        let r = check(&c, &x, &out);
+        let ck = t.elapsed();
+        eprintln!(
+            "{name} ({shape}): generate {:.0} ms, step {:.0} ms, check {:.0} ms: {r}",
+            gen.as_secs_f64() * 1e3,
+            st.as_secs_f64() * 1e3,
+            ck.as_secs_f64() * 1e3
+        );
+        assert!(r.passed(), "{r}");
+        assert_eq!(out.total, 384);
+        assert_eq!(out.n_cached, shape.s - 128);
+        // Every row has 128 heavy hitters among the candidates.
+        let w0 = c.window_start(shape.s) as i64;
+        for (b, h) in [(0, 0), (shape.b - 1, shape.h - 1)] {
+            let heavy = out.heavy_positions(&c, b, h);
+            assert_eq!(heavy.len(), 128);
+            assert!(heavy.iter().all(|&p| p >= 128 && p < 128 + w0));
+        }
+    }
 }

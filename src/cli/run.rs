@@ -16,6 +16,14 @@ use crate::pq::{
     self, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput, Shape, Workload,
 };
 
+/// `println!` that ignores a closed stdout (`tritonrt run | head` must not panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 /// Which implementation runs the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
@@ -300,9 +308,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let sh = inputs.shape;
     let (mm, k, dc) = (cfg.pq_group_factor, cfg.k_centroids(), cfg.d_c(sh.d));
     let total = cfg.total(sh.s);
-    println!("config:  {cfg}");
-    println!("inputs:  {how}");
-    println!(
+    say!("config:  {cfg}");
+    say!("inputs:  {how}");
+    say!(
         "shapes:  query {} {}, key {} {}, pq_centroids {} fp32, pq_codebook {} i64{}",
         dims(&[sh.b, sh.h, 1, sh.d]),
         cfg.input_dtype,
@@ -317,7 +325,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         }
     );
     if cfg.is_short(sh.s) {
-        println!(
+        say!(
             "step:    short path (S = {} <= heavy + init_offset + 1 + K = {}): every head \
              attends to all {} positions",
             sh.s,
@@ -326,7 +334,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         );
     } else {
         let n = cfg.n_quantized(sh.s);
-        println!(
+        say!(
             "step:    quantize {} new key(s) (N_cached {} -> {n}), {} candidates, top {} + \
              sink {} + window {} = {total} per row",
             n.saturating_sub(inputs.n_cached),
@@ -337,7 +345,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             cfg.window_eff(sh.s),
         );
     }
-    println!(
+    say!(
         "outputs: sparse_list {} i64, sparse_len {} i64, weight_list {} {}",
         dims(&[sh.b, sh.h, total]),
         dims(&[sh.b, sh.h]),
@@ -347,7 +355,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     if let Some(path) = &a.save_input {
         pq::io::write_inputs(path, &cfg, &inputs)
             .with_context(|| format!("writing the inputs to {}", path.display()))?;
-        println!("inputs written to {}", path.display());
+        say!("inputs written to {}", path.display());
     }
 
     let (run, is_reference) = match a.backend {
@@ -363,7 +371,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         Backend::Auto => match run_gpu(&cfg, &inputs, a.device)? {
             Some(r) => (r, false),
             None => {
-                println!(
+                say!(
                     "no GPU backend available: running the CPU reference (f64 scores, {} \
                      threads)",
                     pq::host_threads()
@@ -374,7 +382,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     };
 
     let passed = if is_reference {
-        println!("check:   skipped (cpu backend is the reference)");
+        say!("check:   skipped (cpu backend is the reference)");
         true
     } else {
         let t = Instant::now();
@@ -391,17 +399,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 ..CheckOptions::default()
             },
         );
-        println!(
+        say!(
             "check:   {report}  [against the CPU reference, {:.0} ms]",
             t.elapsed().as_secs_f64() * 1e3
         );
         report.passed()
     };
-    println!("time:    {:.1} us per step ({})", run.step_us, run.detail);
+    say!("time:    {:.1} us per step ({})", run.step_us, run.detail);
     let out = &run.output;
-    println!("sparse_list[0, 0, :] = {}", head(out.row(0, 0), 16));
+    say!("sparse_list[0, 0, :] = {}", head(out.row(0, 0), 16));
     if !cfg.is_short(sh.s) {
-        println!(
+        say!(
             "heavy[0, 0] (sorted) = {}",
             head(&out.heavy_positions(&cfg, 0, 0), 12)
         );
@@ -409,7 +417,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     if let Some(path) = &a.output {
         pq::io::write_outputs(path, &cfg, out)
             .with_context(|| format!("writing the outputs to {}", path.display()))?;
-        println!("outputs written to {}", path.display());
+        say!("outputs written to {}", path.display());
     }
     Ok(if passed { EXIT_OK } else { EXIT_CHECK_FAILED })
 }

@@ -5,9 +5,9 @@
 //!   derived quantities (`K`, `d_s`, `d_c`, the short-path threshold, `total`).
 //! - [`workload`]: [`PqInputs`], the host tensors of one step, and seeded generators
 //!   (standard normal; well-separated small integers for exact comparisons).
-//! - [`reference`]: the CPU implementation of the spec with f64 scores ([`step`]), the
+//! - [`reference`](mod@reference): the CPU implementation of the spec with f64 scores ([`step`]), the
 //!   oracle for tests and the fallback backend of `tritonrt run`.
-//! - [`check`]: the spec's "what counts as the same answer" rule ([`check()`]).
+//! - [`check`](mod@check): the spec's "what counts as the same answer" rule ([`check()`]).
 //! - [`io`]: safetensors input/output in the upstream layouts.
 //!
 //! Layouts (row-major, all host `Vec`s): `query [B, H, 1, D]`, `key [B, H_kv, S, D]`,
