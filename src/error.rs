@@ -39,6 +39,59 @@ pub enum Error {
     // ---- JIT and cubin cache (src/jit) ----
     // ---- kernel launch (src/kernel) ----
     // ---- PQ indexer (src/pq) ----
+    /// A PQ indexer configuration value is out of range or inconsistent with the shape
+    /// (`D % M != 0`, `pq_bits` outside 1..=8, `H % H_kv != 0`, `S == 0`, ...).
+    #[error("invalid PQ config: {field} = {value}: expected {expected}")]
+    PqConfig {
+        /// The config or shape field at fault (`pq_group_factor`, `seq_len`, ...).
+        field: &'static str,
+        /// The value that was given.
+        value: String,
+        /// What would have been acceptable, naming the other values it depends on.
+        expected: String,
+    },
+
+    /// A PQ input or output tensor has the wrong dtype, shape, length or values.
+    /// `file` is the safetensors file it came from, if any.
+    #[error(
+        "{}tensor `{tensor}`: expected {expected}, got {got}",
+        .file.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default()
+    )]
+    PqTensor {
+        /// The safetensors file the tensor was read from (None: in-memory inputs).
+        file: Option<PathBuf>,
+        /// The tensor's name (`query`, `key`, `pq_centroids`, `pq_codebook`,
+        /// `pq_ip2l2_phi`, `sparse_list`, ...).
+        tensor: String,
+        /// Expected dtype / shape / length / value range.
+        expected: String,
+        /// What was found.
+        got: String,
+    },
+
+    /// A file is not a readable safetensors file (too short, truncated, bad header).
+    #[error("{path}: not a valid safetensors file: {msg}")]
+    SafetensorsFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (sizes in bytes).
+        msg: String,
+    },
+
+    /// A PQ config value is neither in the input file's `__metadata__` nor given by its
+    /// command-line flag.
+    #[error(
+        "{path}: missing config value `{key}`: not in the file's __metadata__ and no \
+         --{flag} flag given"
+    )]
+    PqMissingConfig {
+        /// The input file.
+        path: PathBuf,
+        /// The `__metadata__` key (`sink_size`, ...).
+        key: &'static str,
+        /// The flag that could set it, without the leading dashes (`sink-size`, ...).
+        flag: &'static str,
+    },
     // ---- autotuner (src/tune) ----
     /// A tuning table's `schema_version` is missing or is not the one this build reads.
     /// At run time such a table is ignored with one warning (manifest defaults are used);

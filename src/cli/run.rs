@@ -1,10 +1,423 @@
-//! `tritonrt run` (TODO).
+//! `tritonrt run`: one decode step of the PQCache indexer on a chosen backend, checked
+//! against the CPU reference by the spec's rule.
+//!
+//! Inputs are either generated (a named workload, seeded, every value overridable by a
+//! flag) or read from a safetensors file (`--input`). The step runs on the GPU backend
+//! when one is available (see [`run_gpu`]), else on the CPU reference, which says so.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use super::{EXIT_CHECK_FAILED, EXIT_OK};
+use crate::pq::check::{check_with, CheckMode, CheckOptions};
+use crate::pq::{
+    self, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput, Shape, Workload,
+};
+
+/// `println!` that ignores a closed stdout (`tritonrt run | head` must not panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// Which implementation runs the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The GPU pipeline if one is available, else the CPU reference (with a message).
+    Auto,
+    /// The GPU pipeline; an error if none is available.
+    Gpu,
+    /// The CPU reference (f64 scores).
+    Cpu,
+}
+
+/// How generated inputs are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Values {
+    /// Standard-normal query, keys and centroids, uniform codes (the spec's workloads);
+    /// checked by the spec's tolerance rule.
+    Normal,
+    /// Small integers with a well-separated heavy set; checked exactly (heavy sets must
+    /// equal the CPU reference's).
+    SmallInt,
+}
 
 /// Arguments of `tritonrt run`.
+///
+/// With no arguments: the spec's reference workload (B=1, H=H_kv=32, S=32000, D=128,
+/// M=2, bits=6, sink=window=heavy=init_offset=128, euclidean, fp32, seeded
+/// standard-normal inputs, codes cached for S-1-init_offset keys) on the GPU if present.
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {}
+#[command(after_help = "\
+Examples:
+  tritonrt run                                   reference workload, GPU if present
+  tritonrt run --workload large --backend cpu    B=4, S=131072 on the CPU reference
+  tritonrt run --metric ip --dtype bf16 --kv-heads 8 --seq-len 4096
+  tritonrt run --input in.safetensors --output out.safetensors
 
-/// Entry point of `tritonrt run`; returns the process exit code.
-pub fn run(_args: RunArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("tritonrt run is not implemented yet")
+Exit status: 0 ok, 1 the check failed, 2 error (bad input, I/O, no GPU with --backend gpu).")]
+pub struct RunArgs {
+    /// Named workload giving the default shape: `reference` (B=1, H=H_kv=32, S=32000,
+    /// D=128) or `large` (B=4, H=H_kv=32, S=131072, D=128).
+    #[arg(
+        long,
+        env = "TRITONRT_WORKLOAD",
+        default_value = "reference",
+        help_heading = "Inputs"
+    )]
+    pub workload: Workload,
+    /// Shape flags (override the workload's shape).
+    #[command(flatten)]
+    pub shape: Box<ShapeFlags>,
+    /// Config flags (override the reference config or the file's __metadata__).
+    #[command(flatten)]
+    pub config: Box<ConfigFlags>,
+    /// Seed of the generated inputs.
+    #[arg(
+        long,
+        env = "TRITONRT_SEED",
+        default_value_t = 0,
+        help_heading = "Inputs"
+    )]
+    pub seed: u64,
+    /// Keys already quantized before the step [default: S - 1 - init_offset, so the step
+    /// quantizes one new key].
+    #[arg(long, help_heading = "Inputs")]
+    pub n_cached: Option<usize>,
+    /// How generated inputs are drawn.
+    #[arg(long, value_enum, default_value = "normal", help_heading = "Inputs")]
+    pub values: Values,
+    /// Read the inputs and config from this safetensors file (tensors query, key,
+    /// pq_centroids, pq_codebook, optional pq_ip2l2_phi; config from __metadata__,
+    /// overridable by the config flags) instead of generating them.
+    #[arg(short = 'i', long, help_heading = "Inputs",
+          conflicts_with_all = ["batch", "heads", "kv_heads", "seq_len", "head_dim", "n_cached"])]
+    pub input: Option<PathBuf>,
+    /// Also write the (generated or read) inputs to this safetensors file, in the
+    /// --input format (e.g. for kernels_triton/reference.py).
+    #[arg(long, help_heading = "Output")]
+    pub save_input: Option<PathBuf>,
+    /// Write sparse_list, sparse_len, weight_list and the updated pq_codebook to this
+    /// safetensors file (atomically).
+    #[arg(short = 'o', long, help_heading = "Output")]
+    pub output: Option<PathBuf>,
+    /// Which implementation runs the step.
+    #[arg(
+        long,
+        value_enum,
+        env = "TRITONRT_BACKEND",
+        default_value = "auto",
+        help_heading = "Backend"
+    )]
+    pub backend: Backend,
+    /// CUDA device ordinal for the GPU backend.
+    #[arg(
+        long,
+        env = "TRITONRT_DEVICE",
+        default_value_t = 0,
+        help_heading = "Backend"
+    )]
+    pub device: usize,
+}
+
+/// Shape flags of `tritonrt run`; each replaces the workload's value.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ShapeFlags {
+    /// Batch size B.
+    #[arg(short = 'b', long, help_heading = "Shape")]
+    pub batch: Option<usize>,
+    /// Query heads H.
+    #[arg(long, help_heading = "Shape")]
+    pub heads: Option<usize>,
+    /// KV heads H_kv (must divide H; default: H).
+    #[arg(long, help_heading = "Shape")]
+    pub kv_heads: Option<usize>,
+    /// Sequence length S, the new token included.
+    #[arg(long, help_heading = "Shape")]
+    pub seq_len: Option<usize>,
+    /// Head dimension D.
+    #[arg(long, help_heading = "Shape")]
+    pub head_dim: Option<usize>,
+}
+
+/// Config flags of `tritonrt run`; each replaces the reference config's value, or the
+/// input file's `__metadata__` value.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigFlags {
+    /// Attention sinks: positions 0..sink_size are always attended [default: 128].
+    #[arg(long, help_heading = "Config")]
+    pub sink_size: Option<usize>,
+    /// Local window: the last window_size positions are always attended [default: 128].
+    #[arg(long, help_heading = "Config")]
+    pub window_size: Option<usize>,
+    /// Heavy hitters chosen through PQ scores [default: 128].
+    #[arg(long, help_heading = "Config")]
+    pub heavy_size: Option<usize>,
+    /// Quantized key j is the token at position init_offset + j [default: 128].
+    #[arg(long, help_heading = "Config")]
+    pub init_offset: Option<usize>,
+    /// M, subvectors per key (must divide D) [default: 2].
+    #[arg(long, help_heading = "Config")]
+    pub pq_group_factor: Option<usize>,
+    /// Bits per code, 1..=8 (K = 2^bits centroids) [default: 6].
+    #[arg(long, help_heading = "Config")]
+    pub pq_bits: Option<u32>,
+    /// How new keys are quantized: euclidean or ip [default: euclidean].
+    #[arg(long, help_heading = "Config")]
+    pub metric: Option<Metric>,
+    /// dtype of query and key: fp32, bf16 or fp16 [default: fp32; with --input: the
+    /// file's, which this must match].
+    #[arg(long, help_heading = "Config")]
+    pub dtype: Option<DType>,
+    /// dtype of weight_list: fp32, bf16 or fp16 [default: the input dtype].
+    #[arg(long, help_heading = "Config")]
+    pub weight_dtype: Option<DType>,
+}
+
+/// The result of running the step on some backend.
+#[derive(Debug)]
+pub struct BackendRun {
+    /// The step's output, copied to the host.
+    pub output: PqOutput,
+    /// Wall-clock time of one step in microseconds (the backend says how it measured).
+    pub step_us: f64,
+    /// What ran and how it was timed, for the report line.
+    pub detail: String,
+}
+
+// ---------------------------------------------------------------------------------
+// GPU BACKEND HOOK: the GPU pipeline plugs in here.
+// ---------------------------------------------------------------------------------
+/// Run one step on the GPU pipeline (device `device`).
+///
+/// Returns `Ok(None)` when no GPU backend is available (no driver, no device, or, as
+/// now, no GPU pipeline built into this binary), `Ok(Some(run))` with the output copied
+/// to the host and the measured step time, or an error when a GPU is present but the
+/// step failed.
+pub fn run_gpu(
+    cfg: &PqConfig,
+    inputs: &PqInputs,
+    device: usize,
+) -> anyhow::Result<Option<BackendRun>> {
+    let _ = (cfg, inputs, device);
+    Ok(None)
+}
+
+/// Run the CPU reference once and time it.
+fn run_cpu(cfg: &PqConfig, inputs: &PqInputs) -> anyhow::Result<BackendRun> {
+    let t = Instant::now();
+    let output = pq::step(cfg, inputs).context("CPU reference step")?;
+    let step_us = t.elapsed().as_secs_f64() * 1e6;
+    Ok(BackendRun {
+        output,
+        step_us,
+        detail: format!("CPU reference, {} threads, one call", pq::host_threads()),
+    })
+}
+
+fn overrides(a: &ConfigFlags) -> PqConfigOverrides {
+    PqConfigOverrides {
+        sink_size: a.sink_size,
+        window_size: a.window_size,
+        heavy_size: a.heavy_size,
+        init_offset: a.init_offset,
+        pq_group_factor: a.pq_group_factor,
+        pq_bits: a.pq_bits,
+        metric: a.metric,
+        input_dtype: a.dtype,
+        weight_dtype: a.weight_dtype,
+    }
+}
+
+/// Build the config and inputs from the file or the generator.
+fn build_inputs(a: &RunArgs) -> anyhow::Result<(PqConfig, PqInputs, String)> {
+    let over = overrides(&a.config);
+    if let Some(path) = &a.input {
+        let t = Instant::now();
+        let (cfg, inputs) = pq::io::read_inputs(path, &over)
+            .with_context(|| format!("reading the inputs from {}", path.display()))?;
+        let how = format!(
+            "read from {} in {:.0} ms",
+            path.display(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        return Ok((cfg, inputs, how));
+    }
+    let mut cfg = over.apply(PqConfig::reference_workload());
+    if a.config.weight_dtype.is_none() {
+        cfg.weight_dtype = cfg.input_dtype;
+    }
+    let base = a.workload.shape();
+    let h = a.shape.heads.unwrap_or(base.h);
+    let shape = Shape {
+        b: a.shape.batch.unwrap_or(base.b),
+        h,
+        h_kv: a.shape.kv_heads.unwrap_or(if a.shape.heads.is_some() {
+            h
+        } else {
+            base.h_kv
+        }),
+        s: a.shape.seq_len.unwrap_or(base.s),
+        d: a.shape.head_dim.unwrap_or(base.d),
+    };
+    cfg.validate(&shape)
+        .context("checking the config and shape")?;
+    let n_cached = a
+        .n_cached
+        .unwrap_or_else(|| PqInputs::default_n_cached(&cfg, shape.s));
+    let t = Instant::now();
+    let inputs = match a.values {
+        Values::Normal => PqInputs::random(&cfg, shape, n_cached, a.seed),
+        Values::SmallInt => PqInputs::small_integer(&cfg, shape, n_cached, a.seed),
+    }
+    .context("generating the inputs")?;
+    let how = format!(
+        "generated ({}, seed {}) in {:.0} ms",
+        match a.values {
+            Values::Normal => "standard normal",
+            Values::SmallInt => "small integers, well separated",
+        },
+        a.seed,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    Ok((cfg, inputs, how))
+}
+
+fn dims(v: &[usize]) -> String {
+    let s: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", s.join(", "))
+}
+
+/// Print the first entries of a list.
+fn head(v: &[i64], n: usize) -> String {
+    let s: Vec<String> = v.iter().take(n).map(|x| x.to_string()).collect();
+    if v.len() > n {
+        format!("[{}, ...] ({} entries)", s.join(", "), v.len())
+    } else {
+        format!("[{}]", s.join(", "))
+    }
+}
+
+/// Entry point of `tritonrt run`; returns the process exit code (0 ok, 1 check failed).
+pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let (cfg, inputs, how) = build_inputs(&a)?;
+    let sh = inputs.shape;
+    let (mm, k, dc) = (cfg.pq_group_factor, cfg.k_centroids(), cfg.d_c(sh.d));
+    let total = cfg.total(sh.s);
+    say!("config:  {cfg}");
+    say!("inputs:  {how}");
+    say!(
+        "shapes:  query {} {}, key {} {}, pq_centroids {} fp32, pq_codebook {} i64{}",
+        dims(&[sh.b, sh.h, 1, sh.d]),
+        cfg.input_dtype,
+        dims(&[sh.b, sh.h_kv, sh.s, sh.d]),
+        cfg.input_dtype,
+        dims(&[sh.b, sh.h_kv, mm, k, dc]),
+        dims(&[sh.b, inputs.n_cached, sh.h_kv, mm]),
+        if cfg.metric == Metric::Ip {
+            format!(", pq_ip2l2_phi {} fp32", dims(&[sh.b * sh.h_kv * mm]))
+        } else {
+            String::new()
+        }
+    );
+    if cfg.is_short(sh.s) {
+        say!(
+            "step:    short path (S = {} <= heavy + init_offset + 1 + K = {}): every head \
+             attends to all {} positions",
+            sh.s,
+            cfg.short_threshold(),
+            sh.s
+        );
+    } else {
+        let n = cfg.n_quantized(sh.s);
+        say!(
+            "step:    quantize {} new key(s) (N_cached {} -> {n}), {} candidates, top {} + \
+             sink {} + window {} = {total} per row",
+            n.saturating_sub(inputs.n_cached),
+            inputs.n_cached,
+            cfg.window_start(sh.s).min(n),
+            cfg.heavy_k(sh.s),
+            cfg.sink_eff(sh.s),
+            cfg.window_eff(sh.s),
+        );
+    }
+    say!(
+        "outputs: sparse_list {} i64, sparse_len {} i64, weight_list {} {}",
+        dims(&[sh.b, sh.h, total]),
+        dims(&[sh.b, sh.h]),
+        dims(&[sh.b, sh.h, sh.s]),
+        cfg.weight_dtype
+    );
+    if let Some(path) = &a.save_input {
+        pq::io::write_inputs(path, &cfg, &inputs)
+            .with_context(|| format!("writing the inputs to {}", path.display()))?;
+        say!("inputs written to {}", path.display());
+    }
+
+    let (run, is_reference) = match a.backend {
+        Backend::Cpu => (run_cpu(&cfg, &inputs)?, true),
+        Backend::Gpu => match run_gpu(&cfg, &inputs, a.device)? {
+            Some(r) => (r, false),
+            None => anyhow::bail!(
+                "no GPU backend available (--backend gpu, device {}): this build has no GPU \
+                 pipeline or no CUDA device was found; use --backend cpu or auto",
+                a.device
+            ),
+        },
+        Backend::Auto => match run_gpu(&cfg, &inputs, a.device)? {
+            Some(r) => (r, false),
+            None => {
+                say!(
+                    "no GPU backend available: running the CPU reference (f64 scores, {} \
+                     threads)",
+                    pq::host_threads()
+                );
+                (run_cpu(&cfg, &inputs)?, true)
+            }
+        },
+    };
+
+    let passed = if is_reference {
+        say!("check:   skipped (cpu backend is the reference)");
+        true
+    } else {
+        let t = Instant::now();
+        let mode = match a.values {
+            Values::SmallInt if a.input.is_none() => CheckMode::Exact,
+            _ => CheckMode::Spec,
+        };
+        let report = check_with(
+            &cfg,
+            &inputs,
+            &run.output,
+            &CheckOptions {
+                mode,
+                ..CheckOptions::default()
+            },
+        );
+        say!(
+            "check:   {report}  [against the CPU reference, {:.0} ms]",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        report.passed()
+    };
+    say!("time:    {:.1} us per step ({})", run.step_us, run.detail);
+    let out = &run.output;
+    say!("sparse_list[0, 0, :] = {}", head(out.row(0, 0), 16));
+    if !cfg.is_short(sh.s) {
+        say!(
+            "heavy[0, 0] (sorted) = {}",
+            head(&out.heavy_positions(&cfg, 0, 0), 12)
+        );
+    }
+    if let Some(path) = &a.output {
+        pq::io::write_outputs(path, &cfg, out)
+            .with_context(|| format!("writing the outputs to {}", path.display()))?;
+        say!("outputs written to {}", path.display());
+    }
+    Ok(if passed { EXIT_OK } else { EXIT_CHECK_FAILED })
 }

@@ -1,1 +1,83 @@
 //! The PQCache decode-step indexer (spec: `spec/pqcache-indexer.md` in the shared docs).
+//!
+//! Host side, no GPU code:
+//! - [`config`]: [`PqConfig`], [`Shape`], [`Metric`], [`DType`], validation and the
+//!   derived quantities (`K`, `d_s`, `d_c`, the short-path threshold, `total`).
+//! - [`workload`]: [`PqInputs`], the host tensors of one step, and seeded generators
+//!   (standard normal; well-separated small integers for exact comparisons).
+//! - [`reference`](mod@reference): the CPU implementation of the spec with f64 scores ([`step`]), the
+//!   oracle for tests and the fallback backend of `tritonrt run`.
+//! - [`check`](mod@check): the spec's "what counts as the same answer" rule ([`check()`]).
+//! - [`io`]: safetensors input/output in the upstream layouts.
+//!
+//! Layouts (row-major, all host `Vec`s): `query [B, H, 1, D]`, `key [B, H_kv, S, D]`,
+//! `centroids [B, H_kv, M, K, d_c]`, codes upstream `[B, N, H_kv, M]` i64,
+//! `phi [B * H_kv * M]`, `sparse_list [B, H, total]` i64, `sparse_len [B, H]` i64,
+//! `weight_list [B, H, S]` (0/1, held as f32).
+
+pub mod check;
+pub mod config;
+pub mod io;
+pub mod reference;
+pub mod workload;
+
+pub use check::{check, check_exact, CheckMode, CheckReport};
+pub use config::{DType, Metric, PqConfig, PqConfigOverrides, Shape, Workload};
+pub use reference::{step, PqOutput};
+pub use workload::PqInputs;
+
+/// Number of worker threads for the host-side loops: the machine's available
+/// parallelism, overridable with `TRITONRT_THREADS` (>= 1).
+pub fn host_threads() -> usize {
+    if let Some(n) = std::env::var("TRITONRT_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+    {
+        return n;
+    }
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Run `f` on every item, spread over [`host_threads`] scoped threads in contiguous
+/// groups (items are assumed to cost about the same). Deterministic results are the
+/// caller's business: `f` must not depend on which thread runs an item.
+pub(crate) fn par_items<I: Send, F: Fn(I) + Sync>(items: Vec<I>, f: F) {
+    let threads = host_threads().min(items.len());
+    if threads <= 1 {
+        items.into_iter().for_each(f);
+        return;
+    }
+    let per = items.len().div_ceil(threads);
+    let mut groups: Vec<Vec<I>> = Vec::with_capacity(threads);
+    let mut it = items.into_iter();
+    loop {
+        let g: Vec<I> = it.by_ref().take(per).collect();
+        if g.is_empty() {
+            break;
+        }
+        groups.push(g);
+    }
+    let f = &f;
+    std::thread::scope(|s| {
+        for g in groups {
+            s.spawn(move || g.into_iter().for_each(f));
+        }
+    });
+}
+
+/// Run `f(chunk_index, chunk)` on every `chunk_len`-sized chunk of `data` in parallel
+/// (see [`par_items`]).
+pub(crate) fn par_chunks_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+    data: &mut [T],
+    chunk_len: usize,
+    f: F,
+) {
+    if data.is_empty() || chunk_len == 0 {
+        return;
+    }
+    let items: Vec<(usize, &mut [T])> = data.chunks_mut(chunk_len).enumerate().collect();
+    par_items(items, |(i, c)| f(i, c));
+}

@@ -1,0 +1,569 @@
+//! Configuration and shapes of the PQ decode-step indexer, with validation and the
+//! quantities derived from them (spec: `spec/pqcache-indexer.md`).
+//!
+//! Everything here is plain host data so the CPU reference, the safetensors I/O and the
+//! GPU pipeline share one description of a step.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How new keys are assigned PQ codes (spec step 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Metric {
+    /// `argmin_c ||x_m - centroid_c||^2` over the `d_s` coordinates.
+    Euclidean,
+    /// Inner product turned into L2: `x_m` is extended by
+    /// `sqrt(max(0, phi - ||x_m||^2))` and compared with `d_s + 1`-dim centroids.
+    Ip,
+}
+
+impl Metric {
+    /// The name used in files and on the command line (`euclidean`, `ip`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::Euclidean => "euclidean",
+            Metric::Ip => "ip",
+        }
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Metric {
+    type Err = Error;
+    /// Accepts `euclidean` (also `l2`) and `ip` (also `inner_product`), any case.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "euclidean" | "l2" => Ok(Metric::Euclidean),
+            "ip" | "inner_product" => Ok(Metric::Ip),
+            _ => Err(Error::PqConfig {
+                field: "metric",
+                value: s.to_string(),
+                expected: "euclidean or ip".into(),
+            }),
+        }
+    }
+}
+
+/// Element type of `query`/`key` (input) or `weight_list` (output).
+///
+/// On the host every value is held as `f32`; for `BF16`/`F16` the values are already
+/// rounded to that type (see [`DType::round`]), so CPU and GPU see the same numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// IEEE binary32.
+    F32,
+    /// bfloat16 (8 exponent bits, 7 mantissa bits).
+    BF16,
+    /// IEEE binary16.
+    F16,
+}
+
+impl DType {
+    /// The canonical short name: `fp32`, `bf16`, `fp16`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::F32 => "fp32",
+            DType::BF16 => "bf16",
+            DType::F16 => "fp16",
+        }
+    }
+
+    /// Size of one element in bytes (4 or 2).
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        }
+    }
+
+    /// Round an `f32` to the nearest value of this type (round to nearest even), returned
+    /// as `f32`. Identity for `F32`.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            DType::F32 => x,
+            DType::BF16 => half::bf16::from_f32(x).to_f32(),
+            DType::F16 => half::f16::from_f32(x).to_f32(),
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DType {
+    type Err = Error;
+    /// Accepts `fp32|bf16|fp16` and `float32|bfloat16|float16` (also `f32`, `f16`),
+    /// any case.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fp32" | "float32" | "f32" => Ok(DType::F32),
+            "bf16" | "bfloat16" => Ok(DType::BF16),
+            "fp16" | "float16" | "f16" | "half" => Ok(DType::F16),
+            _ => Err(Error::PqConfig {
+                field: "dtype",
+                value: s.to_string(),
+                expected: "fp32, bf16 or fp16 (or float32, bfloat16, float16)".into(),
+            }),
+        }
+    }
+}
+
+/// Tensor sizes of one decode step.
+///
+/// `query` is `[b, h, 1, d]`, `key` is `[b, h_kv, s, d]`; `s` is the current sequence
+/// length with the new token included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shape {
+    /// Batch size `B`.
+    pub b: usize,
+    /// Query heads `H`.
+    pub h: usize,
+    /// KV heads `H_kv` (`H % H_kv == 0`).
+    pub h_kv: usize,
+    /// Sequence length `S`, the new token included.
+    pub s: usize,
+    /// Head dimension `D`.
+    pub d: usize,
+}
+
+impl Shape {
+    /// The spec's reference workload: `B=1, H=H_kv=32, S=32000, D=128`.
+    pub const fn reference() -> Self {
+        Shape {
+            b: 1,
+            h: 32,
+            h_kv: 32,
+            s: 32000,
+            d: 128,
+        }
+    }
+
+    /// The spec's large workload: `B=4, H=H_kv=32, S=131072, D=128`.
+    pub const fn large() -> Self {
+        Shape {
+            b: 4,
+            h: 32,
+            h_kv: 32,
+            s: 131072,
+            d: 128,
+        }
+    }
+
+    /// Query heads per KV head, `G = H / H_kv` (0 if `h_kv == 0`; validate first).
+    pub fn group(&self) -> usize {
+        self.h.checked_div(self.h_kv).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "B={} H={} H_kv={} S={} D={}",
+            self.b, self.h, self.h_kv, self.s, self.d
+        )
+    }
+}
+
+/// The named workloads of the spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// [`Shape::reference`] with [`PqConfig::reference_workload`].
+    Reference,
+    /// [`Shape::large`] with [`PqConfig::reference_workload`].
+    Large,
+}
+
+impl Workload {
+    /// The workload's shape.
+    pub fn shape(self) -> Shape {
+        match self {
+            Workload::Reference => Shape::reference(),
+            Workload::Large => Shape::large(),
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Workload::Reference => "reference",
+            Workload::Large => "large",
+        })
+    }
+}
+
+impl FromStr for Workload {
+    type Err = Error;
+    /// `reference` or `large`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "reference" | "ref" => Ok(Workload::Reference),
+            "large" => Ok(Workload::Large),
+            _ => Err(Error::PqConfig {
+                field: "workload",
+                value: s.to_string(),
+                expected: "reference or large".into(),
+            }),
+        }
+    }
+}
+
+/// The indexer's pattern and PQ parameters (spec "Notation and inputs").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PqConfig {
+    /// Attention sinks: positions `0..min(sink_size, S)` are always attended.
+    pub sink_size: usize,
+    /// Local window: positions `S - min(window_size, S) .. S` are always attended.
+    pub window_size: usize,
+    /// Heavy hitters chosen through PQ scores: `k = min(heavy_size, n)`.
+    pub heavy_size: usize,
+    /// Quantized key `j` is the token at position `init_offset + j`.
+    pub init_offset: usize,
+    /// `M`: subvectors per key (`D % M == 0`).
+    pub pq_group_factor: usize,
+    /// Bits per code, 1..=8: `K = 2^pq_bits` centroids per subvector.
+    pub pq_bits: u32,
+    /// How new keys are quantized.
+    pub metric: Metric,
+    /// dtype of `query` and `key`.
+    pub input_dtype: DType,
+    /// dtype of `weight_list` (upstream: the query's dtype).
+    pub weight_dtype: DType,
+}
+
+impl PqConfig {
+    /// The spec's reference configuration: `sink = window = heavy = init_offset = 128`,
+    /// `M = 2`, `bits = 6`, euclidean, fp32 inputs and weights.
+    pub const fn reference_workload() -> Self {
+        PqConfig {
+            sink_size: 128,
+            window_size: 128,
+            heavy_size: 128,
+            init_offset: 128,
+            pq_group_factor: 2,
+            pq_bits: 6,
+            metric: Metric::Euclidean,
+            input_dtype: DType::F32,
+            weight_dtype: DType::F32,
+        }
+    }
+
+    /// `K = 2^pq_bits`, centroids per subvector (valid for `pq_bits <= 8`; validate
+    /// first).
+    pub fn k_centroids(&self) -> usize {
+        1usize << self.pq_bits.min(16)
+    }
+
+    /// `M`, subvectors per key (alias of `pq_group_factor`).
+    pub fn m(&self) -> usize {
+        self.pq_group_factor
+    }
+
+    /// Subvector dimension `d_s = D / M` (0 if `M == 0`; validate first).
+    pub fn d_sub(&self, d: usize) -> usize {
+        d.checked_div(self.pq_group_factor).unwrap_or(0)
+    }
+
+    /// Centroid dimension `d_c`: `d_s` for euclidean, `d_s + 1` for ip (the extra
+    /// coordinate is the ip-to-l2 augmentation).
+    pub fn d_c(&self, d: usize) -> usize {
+        match self.metric {
+            Metric::Euclidean => self.d_sub(d),
+            Metric::Ip => self.d_sub(d) + 1,
+        }
+    }
+
+    /// Query heads per KV head, `G = H / H_kv` (same as [`Shape::group`]).
+    pub fn group(&self, shape: &Shape) -> usize {
+        shape.group()
+    }
+
+    /// The short-path threshold `heavy_size + init_offset + 1 + K`: sequences with
+    /// `S <=` this attend to everything (spec step 0). Saturates instead of overflowing.
+    pub fn short_threshold(&self) -> usize {
+        self.heavy_size
+            .saturating_add(self.init_offset)
+            .saturating_add(1)
+            .saturating_add(self.k_centroids())
+    }
+
+    /// Whether a step at sequence length `s` takes the short path (`s <=` threshold).
+    pub fn is_short(&self, s: usize) -> bool {
+        s <= self.short_threshold()
+    }
+
+    /// `n = S - init_offset`: quantized keys after a (long-path) step at length `s`
+    /// (0 when `s <= init_offset`).
+    pub fn n_quantized(&self, s: usize) -> usize {
+        s.saturating_sub(self.init_offset)
+    }
+
+    /// `sink' = min(sink_size, s)`.
+    pub fn sink_eff(&self, s: usize) -> usize {
+        self.sink_size.min(s)
+    }
+
+    /// `window' = min(window_size, s)`.
+    pub fn window_eff(&self, s: usize) -> usize {
+        self.window_size.min(s)
+    }
+
+    /// `w0 = max(0, s - window' - init_offset)`: quantized keys `j >= w0` are masked
+    /// (not heavy candidates), so there are `w0` candidates (capped at `n`).
+    pub fn window_start(&self, s: usize) -> usize {
+        s.saturating_sub(self.window_eff(s))
+            .saturating_sub(self.init_offset)
+    }
+
+    /// `k = min(heavy_size, n)` for a long-path step at length `s`. (On the long path
+    /// `n > heavy_size + K`, so this is always `heavy_size`; the `min` is the spec's.)
+    pub fn heavy_k(&self, s: usize) -> usize {
+        self.heavy_size.min(self.n_quantized(s))
+    }
+
+    /// Entries per row of `sparse_list` at length `s`: `s` on the short path, else
+    /// `sink' + k + window'` (duplicates counted). `n` is not a parameter because the
+    /// spec fixes it to `s - init_offset`.
+    pub fn total(&self, s: usize) -> usize {
+        if self.is_short(s) {
+            s
+        } else {
+            self.sink_eff(s) + self.heavy_k(s) + self.window_eff(s)
+        }
+    }
+
+    /// Check the config against a shape.
+    ///
+    /// Errors ([`Error::PqConfig`], naming the field, its value and what was expected):
+    /// any of `B, H, H_kv, S, D` zero; `H % H_kv != 0`; `M == 0` or `D % M != 0` (names
+    /// both); `pq_bits` outside 1..=8. `init_offset > S` is accepted: such a step is
+    /// always on the short path (the threshold exceeds `init_offset`), which is well
+    /// defined and is what an engine sees while its prompt is still shorter than
+    /// `init_offset`; it then simply has no quantized keys (`N_cached` must be 0).
+    pub fn validate(&self, shape: &Shape) -> Result<()> {
+        let nonzero = [
+            ("batch", shape.b),
+            ("heads", shape.h),
+            ("kv_heads", shape.h_kv),
+            ("seq_len", shape.s),
+            ("head_dim", shape.d),
+        ];
+        for (field, v) in nonzero {
+            if v == 0 {
+                return Err(Error::PqConfig {
+                    field,
+                    value: "0".into(),
+                    expected: "a positive size".into(),
+                });
+            }
+        }
+        if !shape.h.is_multiple_of(shape.h_kv) {
+            return Err(Error::PqConfig {
+                field: "kv_heads",
+                value: shape.h_kv.to_string(),
+                expected: format!(
+                    "a divisor of the query heads H = {} (H % H_kv = {})",
+                    shape.h,
+                    shape.h % shape.h_kv
+                ),
+            });
+        }
+        let m = self.pq_group_factor;
+        if m == 0 || !shape.d.is_multiple_of(m) {
+            return Err(Error::PqConfig {
+                field: "pq_group_factor",
+                value: m.to_string(),
+                expected: if m == 0 {
+                    format!("a positive divisor of head_dim D = {}", shape.d)
+                } else {
+                    format!(
+                        "a divisor of head_dim D = {} (D % M = {} % {} = {})",
+                        shape.d,
+                        shape.d,
+                        m,
+                        shape.d % m
+                    )
+                },
+            });
+        }
+        if !(1..=8).contains(&self.pq_bits) {
+            return Err(Error::PqConfig {
+                field: "pq_bits",
+                value: self.pq_bits.to_string(),
+                expected: "1..=8 (K = 2^bits centroids, codes fit in one byte)".into(),
+            });
+        }
+        // Guard the i64 positions of sparse_list and the sizes computed from the config.
+        let limit = i64::MAX as usize / 4;
+        for (field, v) in [
+            ("sink_size", self.sink_size),
+            ("window_size", self.window_size),
+            ("heavy_size", self.heavy_size),
+            ("init_offset", self.init_offset),
+            ("seq_len", shape.s),
+        ] {
+            if v > limit {
+                return Err(Error::PqConfig {
+                    field,
+                    value: v.to_string(),
+                    expected: format!("at most {limit}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for PqConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sink={} window={} heavy={} init_offset={} M={} bits={} (K={}) metric={} \
+             dtype={} weight_dtype={}",
+            self.sink_size,
+            self.window_size,
+            self.heavy_size,
+            self.init_offset,
+            self.pq_group_factor,
+            self.pq_bits,
+            self.k_centroids(),
+            self.metric,
+            self.input_dtype,
+            self.weight_dtype
+        )
+    }
+}
+
+/// Optional per-field replacements for a [`PqConfig`]: what command-line flags set on top
+/// of a file's `__metadata__` or a workload preset. `None` keeps the base value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PqConfigOverrides {
+    /// Replaces `sink_size`.
+    pub sink_size: Option<usize>,
+    /// Replaces `window_size`.
+    pub window_size: Option<usize>,
+    /// Replaces `heavy_size`.
+    pub heavy_size: Option<usize>,
+    /// Replaces `init_offset`.
+    pub init_offset: Option<usize>,
+    /// Replaces `pq_group_factor` (M).
+    pub pq_group_factor: Option<usize>,
+    /// Replaces `pq_bits`.
+    pub pq_bits: Option<u32>,
+    /// Replaces `metric`.
+    pub metric: Option<Metric>,
+    /// Replaces `input_dtype` (for file inputs it must match the file's dtype).
+    pub input_dtype: Option<DType>,
+    /// Replaces `weight_dtype`.
+    pub weight_dtype: Option<DType>,
+}
+
+impl PqConfigOverrides {
+    /// `base` with every `Some` field replaced.
+    pub fn apply(&self, base: PqConfig) -> PqConfig {
+        PqConfig {
+            sink_size: self.sink_size.unwrap_or(base.sink_size),
+            window_size: self.window_size.unwrap_or(base.window_size),
+            heavy_size: self.heavy_size.unwrap_or(base.heavy_size),
+            init_offset: self.init_offset.unwrap_or(base.init_offset),
+            pq_group_factor: self.pq_group_factor.unwrap_or(base.pq_group_factor),
+            pq_bits: self.pq_bits.unwrap_or(base.pq_bits),
+            metric: self.metric.unwrap_or(base.metric),
+            input_dtype: self.input_dtype.unwrap_or(base.input_dtype),
+            weight_dtype: self.weight_dtype.unwrap_or(base.weight_dtype),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_quantities_of_the_reference_workload() {
+        let c = PqConfig::reference_workload();
+        let s = Shape::reference();
+        c.validate(&s).unwrap();
+        assert_eq!(c.k_centroids(), 64);
+        assert_eq!(c.d_sub(s.d), 64);
+        assert_eq!(c.d_c(s.d), 64);
+        assert_eq!(c.short_threshold(), 128 + 128 + 1 + 64);
+        assert!(c.is_short(321) && !c.is_short(322));
+        assert_eq!(c.total(32000), 384);
+        assert_eq!(c.total(300), 300);
+        assert_eq!(c.window_start(32000), 32000 - 128 - 128);
+        let ip = PqConfig {
+            metric: Metric::Ip,
+            ..c
+        };
+        assert_eq!(ip.d_c(128), 65);
+    }
+
+    #[test]
+    fn validation_names_the_fields() {
+        let c = PqConfig::reference_workload();
+        let s = Shape::reference();
+        let e = PqConfig {
+            pq_group_factor: 3,
+            ..c
+        }
+        .validate(&s)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("pq_group_factor = 3") && e.contains("D = 128"),
+            "{e}"
+        );
+        let e = PqConfig { pq_bits: 9, ..c }
+            .validate(&s)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pq_bits = 9") && e.contains("1..=8"), "{e}");
+        let e = PqConfig { pq_bits: 0, ..c }
+            .validate(&s)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pq_bits = 0"), "{e}");
+        let e = c.validate(&Shape { h_kv: 5, ..s }).unwrap_err().to_string();
+        assert!(e.contains("kv_heads = 5") && e.contains("H = 32"), "{e}");
+        let e = c.validate(&Shape { s: 0, ..s }).unwrap_err().to_string();
+        assert!(e.contains("seq_len = 0"), "{e}");
+    }
+
+    #[test]
+    fn dtype_and_metric_parse_and_print() {
+        for (txt, d) in [
+            ("fp32", DType::F32),
+            ("float32", DType::F32),
+            ("bf16", DType::BF16),
+            ("bfloat16", DType::BF16),
+            ("fp16", DType::F16),
+            ("Float16", DType::F16),
+        ] {
+            assert_eq!(txt.parse::<DType>().unwrap(), d);
+            assert_eq!(d.to_string().parse::<DType>().unwrap(), d);
+        }
+        assert!("int8".parse::<DType>().is_err());
+        assert_eq!("ip".parse::<Metric>().unwrap(), Metric::Ip);
+        assert_eq!("euclidean".parse::<Metric>().unwrap(), Metric::Euclidean);
+        assert!("cosine".parse::<Metric>().is_err());
+        assert_eq!(DType::BF16.round(1.0 + 1.0 / 512.0), 1.0);
+        assert_eq!(DType::F16.round(1.0 + 1.0 / 512.0), 1.0 + 1.0 / 512.0);
+    }
+}
