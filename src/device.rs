@@ -34,7 +34,16 @@ pub fn probe_driver() -> Result<()> {
                     std::mem::forget(lib);
                     Ok(())
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => {
+                    // libloading puts dlerror()'s text in the error's source.
+                    let mut reason = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        reason = format!("{reason}: {s}");
+                        src = s.source();
+                    }
+                    Err(reason)
+                }
             }
         })
         .clone()
