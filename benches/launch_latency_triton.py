@@ -61,8 +61,11 @@ def main():
         def jit_call():
             axpy_kernel[grid](x, y, out, a, n, BLOCK=BLOCK, num_warps=4, num_stages=1)
 
+        grid3 = (grid[0], 1, 1)  # CompiledKernel.__getitem__ reads grid[0..3]
+
         def compiled_call():
-            compiled[grid](x, y, out, a, n, BLOCK)
+            # The launcher takes every argument, constexprs included (it skips them).
+            compiled[grid3](x, y, out, a, n, BLOCK)
 
         for name, fn in (("triton @jit kernel[grid]", jit_call), ("triton CompiledKernel[grid]", compiled_call)):
             try:
