@@ -35,9 +35,229 @@ pub enum Error {
     },
 
     // ---- artifact store (src/artifact) ----
+    /// The manifest's `schema_version` is not one this build reads.
+    #[error("{path}: manifest schema_version {found} is not supported (expected {expected}); rebuild the ptx_cache with kernels_triton/build.py")]
+    ManifestSchema {
+        /// The manifest file.
+        path: PathBuf,
+        /// The version found in the file.
+        found: u32,
+        /// The version this build reads.
+        expected: u32,
+    },
+
+    /// The manifest parsed but breaks a rule of `kernels_triton/MANIFEST.md`.
+    #[error("{path}: invalid manifest: {msg}")]
+    ManifestInvalid {
+        /// The manifest file.
+        path: PathBuf,
+        /// Which rule, which variant, what was expected and what was found.
+        msg: String,
+    },
+
+    /// An artifact file named by the manifest does not exist or cannot be read.
+    #[error("artifact {file} is missing or unreadable (expected {expected_size} bytes, sha256 {expected_sha256}): {source}")]
+    ArtifactMissing {
+        /// The file.
+        file: PathBuf,
+        /// Size in bytes the manifest records.
+        expected_size: u64,
+        /// sha256 (hex) the manifest records.
+        expected_sha256: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An artifact file's size or sha256 differs from the manifest: truncated, altered or
+    /// replaced. Its bytes are never used.
+    #[error("artifact {file} is corrupt: expected {expected_size} bytes with sha256 {expected_sha256}, found {actual_size} bytes with sha256 {actual_sha256}")]
+    ArtifactCorrupt {
+        /// The file.
+        file: PathBuf,
+        /// Size in bytes the manifest records.
+        expected_size: u64,
+        /// Size in bytes on disk.
+        actual_size: u64,
+        /// sha256 (hex) the manifest records.
+        expected_sha256: String,
+        /// sha256 (hex) of the bytes on disk.
+        actual_sha256: String,
+    },
+
+    /// No variant with this id in the manifest.
+    #[error("no kernel variant with id {id:?} in {manifest} (known ids: {known})")]
+    UnknownVariant {
+        /// The id asked for.
+        id: String,
+        /// The manifest searched.
+        manifest: PathBuf,
+        /// The ids the manifest does hold, comma-separated.
+        known: String,
+    },
+
+    /// No variant of this kernel can run on the device's compute capability.
+    #[error("no variant of kernel {kernel:?} can run on compute capability {cc_major}.{cc_minor} (variants: {available})")]
+    NoVariantForDevice {
+        /// The logical kernel name.
+        kernel: String,
+        /// Device compute capability, major.
+        cc_major: u32,
+        /// Device compute capability, minor.
+        cc_minor: u32,
+        /// The variants that exist, with their arch and PTX target, or "none".
+        available: String,
+    },
+
+    /// A directory given to `import` is not a usable Triton cache entry.
+    #[error("Triton cache entry {dir}: {msg}")]
+    TritonCacheEntry {
+        /// The entry directory.
+        dir: PathBuf,
+        /// What is missing or malformed, and what was expected.
+        msg: String,
+    },
+
     // ---- driver and device (src/device) ----
+    /// The CUDA driver library could not be loaded.
+    #[error("no CUDA driver found ({lib}): {reason}")]
+    NoDriver {
+        /// The library looked for.
+        lib: &'static str,
+        /// The dynamic loader's message.
+        reason: String,
+    },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call failed while {op}: {code}: {msg}")]
+    Driver {
+        /// What we were doing ("creating a context on device 0", ...).
+        op: String,
+        /// The CUresult name (`CUDA_ERROR_...`).
+        code: String,
+        /// The driver's description of the error.
+        msg: String,
+    },
+
+    /// A PTX file declares a `.version` newer than the installed driver can JIT.
+    #[error("{what}: PTX ISA version {ptx} is newer than this driver accepts (CUDA {driver_cuda} driver: PTX ISA <= {driver_max}); update the NVIDIA driver or rebuild the PTX for an older ISA")]
+    PtxTooNew {
+        /// The kernel variant and file.
+        what: String,
+        /// The PTX's `.version`.
+        ptx: String,
+        /// The highest PTX ISA the driver accepts.
+        driver_max: String,
+        /// The driver's CUDA version (major.minor).
+        driver_cuda: String,
+    },
+
+    /// A variant's code was built for an architecture the device cannot run.
+    #[error("kernel variant {variant}: {target} code cannot run on {device} (compute capability {cc_major}.{cc_minor}); sm_XXa PTX/cubin runs only on exactly that arch, plain sm_XX PTX on cc >= XX")]
+    ArchMismatch {
+        /// The variant id.
+        variant: String,
+        /// The PTX target (`sm_90a`, ...).
+        target: String,
+        /// The device name.
+        device: String,
+        /// Device compute capability, major.
+        cc_major: u32,
+        /// Device compute capability, minor.
+        cc_minor: u32,
+    },
+
     // ---- JIT and cubin cache (src/jit) ----
+    /// The driver failed to JIT a PTX file to a cubin.
+    #[error("JIT of {origin} failed: {code}\ndriver log:\n{log}")]
+    JitFailed {
+        /// Which kernel, file, hash, arch and PTX version.
+        origin: Box<crate::jit::CodeOrigin>,
+        /// The CUresult name.
+        code: String,
+        /// The driver's error + info log.
+        log: String,
+    },
+
+    /// No user cache directory could be determined.
+    #[error("no cache directory: set TRITONRT_CACHE_DIR (the platform has no user cache dir)")]
+    NoCacheDir,
+
     // ---- kernel launch (src/kernel) ----
+    /// A cubin could not be loaded as a module, or its entry function was not found
+    /// (often an arch mismatch, so the message names the arch and PTX version).
+    #[error("loading {origin} failed: {code}: {msg}")]
+    LoadFailed {
+        /// Which kernel, entry, file, hash, arch and PTX version.
+        origin: Box<crate::jit::CodeOrigin>,
+        /// The CUresult name.
+        code: String,
+        /// The driver's description.
+        msg: String,
+    },
+
+    /// Wrong number of launch arguments.
+    #[error("kernel {kernel}: expected {expected} arguments ({signature}), got {got}")]
+    ArgCount {
+        /// The variant id.
+        kernel: String,
+        /// Arguments in the signature.
+        expected: usize,
+        /// Arguments given.
+        got: usize,
+        /// The signature, `name: type` comma-separated.
+        signature: String,
+    },
+
+    /// A launch argument's type differs from the signature.
+    #[error("kernel {kernel}: argument {index} ({name}) expects {expected}, got {got}")]
+    ArgType {
+        /// The variant id.
+        kernel: String,
+        /// 0-based position in the signature.
+        index: usize,
+        /// The argument's name.
+        name: String,
+        /// The Triton type in the signature (`*fp32`, `i32`, ...).
+        expected: String,
+        /// What was passed (`I64`, `F32`, `Ptr`, ...).
+        got: String,
+    },
+
+    /// A launch argument breaks the divisibility the variant was compiled for.
+    #[error("kernel {kernel}: argument {index} ({name}) = {value:#x} is not a multiple of {divisibility}, which this variant was compiled to assume (tt.divisibility)")]
+    ArgDivisibility {
+        /// The variant id.
+        kernel: String,
+        /// 0-based position in the signature.
+        index: usize,
+        /// The argument's name.
+        name: String,
+        /// The value passed (address or integer).
+        value: u64,
+        /// The required divisor.
+        divisibility: u32,
+    },
+
+    /// A kernel needs more shared memory per block than the device offers.
+    #[error("kernel {kernel}: needs {requested} bytes of shared memory per block, the device allows at most {max} bytes")]
+    SharedMemory {
+        /// The variant id.
+        kernel: String,
+        /// Bytes requested (dynamic + static).
+        requested: u64,
+        /// Bytes the device allows per block (opt-in maximum).
+        max: u64,
+    },
+
+    /// A launch was refused before reaching the driver, or the driver refused it.
+    #[error("kernel {kernel}: launch failed: {msg}")]
+    Launch {
+        /// The variant id.
+        kernel: String,
+        /// Why (grid too large, stream of another context, driver error, ...).
+        msg: String,
+    },
     // ---- PQ indexer (src/pq) ----
     /// A PQ indexer configuration value is out of range or inconsistent with the shape
     /// (`D % M != 0`, `pq_bits` outside 1..=8, `H % H_kv != 0`, `S == 0`, ...).

@@ -1,1 +1,870 @@
-//! TODO: module `kernel` (see DESIGN.md).
+//! Loaded kernels and launches with Triton 3.6's ABI, and the per-device [`Runtime`]
+//! that loads each variant once.
+//!
+//! Launch ABI (what Triton's own launcher does): the signature's arguments in
+//! declaration order (constexprs and ints specialized to 1 already removed by the
+//! build), then the `global_scratch` and `profile_scratch` pointers (null when the size
+//! is 0); `gridDim = (grid.x * num_ctas, grid.y, grid.z)`, `blockDim = 32 * num_warps`,
+//! all of `shared` as dynamic shared memory; a cluster of `(num_ctas, 1, 1)` when
+//! `num_ctas > 1`; PDL and cooperative launch as `cuLaunchKernelEx` attributes. A grid
+//! with a zero dimension launches nothing.
+//!
+//! Argument checking ([`pack_args`]) and launch planning ([`plan_launch`]) are pure
+//! functions, tested without a GPU.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result as cu, sys, CudaStream};
+use parking_lot::{Mutex, RwLock};
+
+use crate::artifact::{ArgType, ArtifactStore, Dtype, Variant};
+use crate::device::{driver_error_strings, Device, Module};
+use crate::error::{Error, Result};
+use crate::jit::{BuiltCubin, CacheOutcome, CodeOrigin, CubinCache};
+
+#[cfg(target_endian = "big")]
+compile_error!("kernel parameter packing assumes a little-endian host");
+
+/// One launch argument. Pointers are raw device addresses (e.g. from cudarc's
+/// `DevicePtr::device_ptr`); scalars carry their exact Triton type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    /// A device address, for any `*<dtype>` argument.
+    Ptr(u64),
+    /// `i1`.
+    Bool(bool),
+    /// `i8`.
+    I8(i8),
+    /// `i16`.
+    I16(i16),
+    /// `i32`.
+    I32(i32),
+    /// `i64`.
+    I64(i64),
+    /// `u8`.
+    U8(u8),
+    /// `u16`.
+    U16(u16),
+    /// `u32`.
+    U32(u32),
+    /// `u64`.
+    U64(u64),
+    /// `fp16`.
+    F16(half::f16),
+    /// `bf16`.
+    Bf16(half::bf16),
+    /// `fp32`.
+    F32(f32),
+    /// `fp64`.
+    F64(f64),
+}
+
+impl KernelArg {
+    /// The variant's name, for messages (`"I64"`, `"Ptr"`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KernelArg::Ptr(_) => "Ptr (device pointer)",
+            KernelArg::Bool(_) => "Bool (i1)",
+            KernelArg::I8(_) => "I8",
+            KernelArg::I16(_) => "I16",
+            KernelArg::I32(_) => "I32",
+            KernelArg::I64(_) => "I64",
+            KernelArg::U8(_) => "U8",
+            KernelArg::U16(_) => "U16",
+            KernelArg::U32(_) => "U32",
+            KernelArg::U64(_) => "U64",
+            KernelArg::F16(_) => "F16",
+            KernelArg::Bf16(_) => "Bf16",
+            KernelArg::F32(_) => "F32",
+            KernelArg::F64(_) => "F64",
+        }
+    }
+
+    /// Whether this argument fits a parameter of Triton type `ty` (exact match; any
+    /// pointer type takes `Ptr`).
+    pub fn matches(&self, ty: ArgType) -> bool {
+        use Dtype as D;
+        match (self, ty) {
+            (KernelArg::Ptr(_), ArgType::Ptr(_)) => true,
+            (_, ArgType::Ptr(_)) | (KernelArg::Ptr(_), _) => false,
+            (a, ArgType::Scalar(d)) => matches!(
+                (a, d),
+                (KernelArg::Bool(_), D::I1)
+                    | (KernelArg::I8(_), D::I8)
+                    | (KernelArg::I16(_), D::I16)
+                    | (KernelArg::I32(_), D::I32)
+                    | (KernelArg::I64(_), D::I64)
+                    | (KernelArg::U8(_), D::U8)
+                    | (KernelArg::U16(_), D::U16)
+                    | (KernelArg::U32(_), D::U32)
+                    | (KernelArg::U64(_), D::U64)
+                    | (KernelArg::F16(_), D::Fp16)
+                    | (KernelArg::Bf16(_), D::Bf16)
+                    | (KernelArg::F32(_), D::Fp32)
+                    | (KernelArg::F64(_), D::Fp64)
+            ),
+        }
+    }
+
+    /// The value as the kernel reads it, in the low bytes of a little-endian u64.
+    pub fn slot(&self) -> u64 {
+        match *self {
+            KernelArg::Ptr(p) => p,
+            KernelArg::Bool(b) => b as u64,
+            KernelArg::I8(v) => v as u8 as u64,
+            KernelArg::I16(v) => v as u16 as u64,
+            KernelArg::I32(v) => v as u32 as u64,
+            KernelArg::I64(v) => v as u64,
+            KernelArg::U8(v) => v as u64,
+            KernelArg::U16(v) => v as u64,
+            KernelArg::U32(v) => v as u64,
+            KernelArg::U64(v) => v,
+            KernelArg::F16(v) => v.to_bits() as u64,
+            KernelArg::Bf16(v) => v.to_bits() as u64,
+            KernelArg::F32(v) => v.to_bits() as u64,
+            KernelArg::F64(v) => v.to_bits(),
+        }
+    }
+
+    /// The magnitude of an address or integer (for divisibility), `None` for floats.
+    fn int_magnitude(&self) -> Option<u64> {
+        Some(match *self {
+            KernelArg::Ptr(p) => p,
+            KernelArg::Bool(b) => b as u64,
+            KernelArg::I8(v) => v.unsigned_abs() as u64,
+            KernelArg::I16(v) => v.unsigned_abs() as u64,
+            KernelArg::I32(v) => v.unsigned_abs() as u64,
+            KernelArg::I64(v) => v.unsigned_abs(),
+            KernelArg::U8(v) => v as u64,
+            KernelArg::U16(v) => v as u64,
+            KernelArg::U32(v) => v as u64,
+            KernelArg::U64(v) => v,
+            _ => return None,
+        })
+    }
+}
+
+/// Check `args` against the variant's signature and pack them: one u64 slot per
+/// argument, holding the value in its low bytes (the kernel reads exactly the
+/// parameter's size from the slot's address). Scratch pointers are not included.
+///
+/// Errors: [`Error::ArgCount`], [`Error::ArgType`] (names kernel, index, argument,
+/// expected and given type), [`Error::ArgDivisibility`] (a pointer or integer that is not
+/// a multiple of the `divisibility` the variant was compiled to assume).
+pub fn pack_args(variant: &Variant, args: &[KernelArg]) -> Result<Vec<u64>> {
+    let mut slots = Vec::with_capacity(args.len() + 2);
+    pack_args_into(variant, args, &mut slots)?;
+    Ok(slots)
+}
+
+fn pack_args_into(variant: &Variant, args: &[KernelArg], slots: &mut Vec<u64>) -> Result<()> {
+    if args.len() != variant.signature.len() {
+        return Err(Error::ArgCount {
+            kernel: variant.id.clone(),
+            expected: variant.signature.len(),
+            got: args.len(),
+            signature: variant.signature_string(),
+        });
+    }
+    for (index, (arg, param)) in args.iter().zip(&variant.signature).enumerate() {
+        if !arg.matches(param.ty) {
+            return Err(Error::ArgType {
+                kernel: variant.id.clone(),
+                index,
+                name: param.name.clone(),
+                expected: param.ty.to_string(),
+                got: arg.kind().to_string(),
+            });
+        }
+        if param.divisibility > 1 && param.ty.divisibility_applies() {
+            if let Some(v) = arg.int_magnitude() {
+                if v % param.divisibility as u64 != 0 {
+                    return Err(Error::ArgDivisibility {
+                        kernel: variant.id.clone(),
+                        index,
+                        name: param.name.clone(),
+                        value: arg.slot(),
+                        divisibility: param.divisibility,
+                    });
+                }
+            }
+        }
+        slots.push(arg.slot());
+    }
+    Ok(())
+}
+
+/// How a launch of a variant on a grid will be issued (a pure function of the metadata).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchPlan {
+    /// Driver grid: `(grid.x * num_ctas, grid.y, grid.z)` blocks.
+    pub grid: [u32; 3],
+    /// Block: `(32 * num_warps, 1, 1)` threads.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes (the variant's `shared`).
+    pub shared_bytes: u32,
+    /// Cluster dimensions when `num_ctas > 1`.
+    pub cluster: Option<[u32; 3]>,
+    /// Programmatic dependent launch.
+    pub pdl: bool,
+    /// Cooperative grid launch.
+    pub cooperative: bool,
+    /// Global scratch to provide, bytes: `grid.x * grid.y * grid.z * num_ctas * size`.
+    pub global_scratch_bytes: u64,
+    /// Profile scratch to provide, bytes (same rule).
+    pub profile_scratch_bytes: u64,
+    /// A grid dimension is 0: nothing is launched (as Triton does).
+    pub empty: bool,
+}
+
+impl LaunchPlan {
+    /// Whether the launch needs `cuLaunchKernelEx` (cluster, PDL or cooperative).
+    pub fn needs_ex(&self) -> bool {
+        self.cluster.is_some() || self.pdl || self.cooperative
+    }
+}
+
+/// Plan a launch of `variant` on `grid` (Triton's program grid).
+///
+/// Errors: [`Error::Launch`] when the driver grid would exceed CUDA's limits
+/// (x <= 2^31 - 1, y and z <= 65535).
+pub fn plan_launch(variant: &Variant, grid: [u32; 3]) -> Result<LaunchPlan> {
+    let refuse = |msg: String| Error::Launch {
+        kernel: variant.id.clone(),
+        msg,
+    };
+    let x = grid[0] as u64 * variant.num_ctas as u64;
+    if x > i32::MAX as u64 {
+        return Err(refuse(format!(
+            "grid.x {} x num_ctas {} = {x} blocks exceeds CUDA's limit of 2^31-1",
+            grid[0], variant.num_ctas
+        )));
+    }
+    if grid[1] > 65535 || grid[2] > 65535 {
+        return Err(refuse(format!(
+            "grid {grid:?}: y and z must be at most 65535"
+        )));
+    }
+    let programs = grid.iter().map(|&g| g as u64).product::<u64>() * variant.num_ctas as u64;
+    Ok(LaunchPlan {
+        grid: [x as u32, grid[1], grid[2]],
+        block: [32 * variant.num_warps, 1, 1],
+        shared_bytes: variant.shared,
+        cluster: (variant.num_ctas > 1).then_some([variant.num_ctas, 1, 1]),
+        pdl: variant.launch_pdl,
+        cooperative: variant.launch_cooperative_grid,
+        global_scratch_bytes: programs * variant.global_scratch_size as u64,
+        profile_scratch_bytes: programs * variant.profile_scratch_size as u64,
+        empty: grid.contains(&0),
+    })
+}
+
+/// Times of loading one kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadInfo {
+    /// Where the cubin came from (manifest, cache hit, JIT).
+    pub outcome: CacheOutcome,
+    /// Getting the cubin bytes: read + verify, or JIT + cache store.
+    pub cubin_time: Duration,
+    /// `cuModuleLoadData` + function lookup + attribute setup.
+    pub module_time: Duration,
+}
+
+impl LoadInfo {
+    /// Total load time.
+    pub fn total(&self) -> Duration {
+        self.cubin_time + self.module_time
+    }
+}
+
+/// A device buffer owned by a kernel (scratch), freed in Kernel's Drop.
+#[derive(Debug)]
+struct DevBuf {
+    base: sys::CUdeviceptr,
+    bytes: u64,
+    align: u64,
+}
+
+impl DevBuf {
+    fn aligned(&self) -> u64 {
+        self.base.div_ceil(self.align) * self.align
+    }
+}
+
+/// Scratch buffers of one stream: reused by every launch on that stream (stream order
+/// keeps launches from overlapping), grown when a larger grid needs more.
+#[derive(Debug)]
+struct StreamScratch {
+    stream: Weak<CudaStream>,
+    global: Option<DevBuf>,
+    profile: Option<DevBuf>,
+}
+
+/// A loaded kernel variant: its CUfunction, its manifest metadata, and an `Arc` to its
+/// module so the code stays loaded while the kernel exists.
+pub struct Kernel {
+    variant: Variant,
+    device: Arc<Device>,
+    module: Arc<Module>,
+    func: sys::CUfunction,
+    load: LoadInfo,
+    num_regs: i32,
+    local_bytes: i32,
+    scratch: Mutex<Vec<StreamScratch>>,
+}
+
+// SAFETY: a CUfunction is an immutable handle into a loaded module; the driver allows
+// launching it from any thread with its context current (launch binds it). The module
+// is kept alive by `module`. The only mutable state (scratch) is behind a Mutex.
+unsafe impl Send for Kernel {}
+// SAFETY: see Send.
+unsafe impl Sync for Kernel {}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("id", &self.variant.id)
+            .field("load", &self.load)
+            .finish()
+    }
+}
+
+fn func_attr(
+    f: sys::CUfunction,
+    a: sys::CUfunction_attribute,
+) -> std::result::Result<i32, cudarc::driver::DriverError> {
+    // SAFETY: `f` is a function of a module that is loaded for the duration of the call
+    // (the caller holds an Arc<Module>); the context is current.
+    unsafe { cu::function::get_function_attribute(f, a) }
+}
+
+impl Kernel {
+    /// Load `built.cubin` on `device` as `variant`: module, entry function, shared
+    /// memory limits (raises `MAX_DYNAMIC_SHARED_SIZE_BYTES` when `shared` > 48 KiB).
+    /// `cubin_time` is how long obtaining the cubin took (for [`LoadInfo`]).
+    ///
+    /// Errors: [`Error::LoadFailed`] (names kernel, entry, file, hash, arch, PTX version
+    /// and the driver's code), [`Error::SharedMemory`] (requested vs max bytes),
+    /// [`Error::Launch`] (block larger than the function allows; cluster/PDL on a GPU
+    /// older than sm_90).
+    pub fn load(device: &Arc<Device>, variant: &Variant, built: &BuiltCubin) -> Result<Kernel> {
+        let t0 = Instant::now();
+        let load_err = |e| {
+            let (code, msg) = driver_error_strings(e);
+            Error::LoadFailed {
+                origin: Box::new(CodeOrigin {
+                    kernel: variant.id.clone(),
+                    entry: variant.entry.clone(),
+                    file: built.origin.0.clone(),
+                    sha256: built.origin.1.clone(),
+                    arch: device.arch(),
+                    ptx_version: variant.ptx_version.clone(),
+                    target: variant.ptx_target.clone(),
+                }),
+                code,
+                msg,
+            }
+        };
+        let module = device.load_module(&built.cubin).map_err(load_err)?;
+        let func = module.function(&variant.entry).map_err(load_err)?;
+        use sys::CUfunction_attribute as A;
+        let static_shared =
+            func_attr(func, A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES).map_err(load_err)?;
+        let max_threads =
+            func_attr(func, A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK).map_err(load_err)?;
+        let num_regs = func_attr(func, A::CU_FUNC_ATTRIBUTE_NUM_REGS).map_err(load_err)?;
+        let local_bytes =
+            func_attr(func, A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES).map_err(load_err)?;
+        let refuse = |msg: String| Error::Launch {
+            kernel: variant.id.clone(),
+            msg,
+        };
+        let threads = 32 * variant.num_warps;
+        if threads as i64 > max_threads as i64 {
+            return Err(refuse(format!(
+                "needs {threads} threads per block (32 x num_warps {}), the compiled function \
+                 allows at most {max_threads} ({num_regs} registers per thread)",
+                variant.num_warps
+            )));
+        }
+        let requested = variant.shared as u64 + static_shared.max(0) as u64;
+        let max = device.max_shared_per_block_optin() as u64;
+        if requested > max {
+            return Err(Error::SharedMemory {
+                kernel: variant.id.clone(),
+                requested,
+                max,
+            });
+        }
+        if variant.shared > 48 * 1024 {
+            // SAFETY: `func` belongs to `module`, alive here; the value is within the
+            // device's opt-in limit (checked above).
+            unsafe {
+                cu::function::set_function_attribute(
+                    func,
+                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    variant.shared as i32,
+                )
+            }
+            .map_err(load_err)?;
+        }
+        if (variant.num_ctas > 1 || variant.launch_pdl) && device.arch() < 90 {
+            return Err(refuse(format!(
+                "num_ctas {} / launch_pdl {} need a cluster-capable GPU (sm_90+), this one is sm_{}",
+                variant.num_ctas,
+                variant.launch_pdl,
+                device.arch()
+            )));
+        }
+        if variant.num_ctas > 8 {
+            // Clusters above 8 CTAs are "non-portable"; Hopper runs 16 when allowed.
+            // SAFETY: as above, `func` is alive.
+            unsafe {
+                cu::function::set_function_attribute(
+                    func,
+                    A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+            }
+            .map_err(load_err)?;
+        }
+        Ok(Kernel {
+            variant: variant.clone(),
+            device: device.clone(),
+            module,
+            func,
+            load: LoadInfo {
+                outcome: built.outcome,
+                cubin_time: built.elapsed,
+                module_time: t0.elapsed(),
+            },
+            num_regs,
+            local_bytes,
+            scratch: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The manifest metadata of this kernel.
+    pub fn variant(&self) -> &Variant {
+        &self.variant
+    }
+
+    /// The variant id.
+    pub fn id(&self) -> &str {
+        &self.variant.id
+    }
+
+    /// The device it is loaded on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// How it was loaded and how long that took.
+    pub fn load_info(&self) -> LoadInfo {
+        self.load
+    }
+
+    /// Registers per thread (from the driver).
+    pub fn num_regs(&self) -> i32 {
+        self.num_regs
+    }
+
+    /// Local memory (spills) per thread, bytes.
+    pub fn local_bytes(&self) -> i32 {
+        self.local_bytes
+    }
+
+    /// The raw CUfunction (valid while this Kernel lives).
+    pub fn raw_function(&self) -> sys::CUfunction {
+        self.func
+    }
+
+    /// Launch on `stream` with Triton's program grid `grid` and `args` in signature order.
+    /// Arguments are checked (count, types, divisibility) and the launch planned before
+    /// anything reaches the driver. The launch is asynchronous; errors raised by the
+    /// kernel while running appear at the next synchronization.
+    ///
+    /// Global/profile scratch (when the variant needs any) comes from a buffer per
+    /// (kernel, stream) that grows to the largest grid seen; steady-state launches
+    /// allocate nothing on the device.
+    ///
+    /// # Safety
+    ///
+    /// The metadata cannot prove what the kernel does with its pointers. The caller must
+    /// guarantee that:
+    /// - every `Ptr` argument is a device address valid in this kernel's context, of an
+    ///   allocation large enough for every element the kernel reads or writes for this
+    ///   grid and these scalar arguments, and stays allocated until the launch completes;
+    /// - no other stream writes memory this launch reads or reads memory it writes while
+    ///   it runs, unless ordered by events (cudarc's per-use event tracking is off);
+    /// - the scalar values keep the kernel in bounds (e.g. `n` does not exceed the
+    ///   buffers' length).
+    ///
+    /// Errors: argument errors as in [`pack_args`], [`Error::Launch`] (grid limits, a
+    /// stream of another context, scratch allocation or the driver refusing the launch).
+    pub unsafe fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        grid: [u32; 3],
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let plan = plan_launch(&self.variant, grid)?;
+        let mut slots = Vec::with_capacity(args.len() + 2);
+        pack_args_into(&self.variant, args, &mut slots)?;
+        if plan.empty {
+            return Ok(());
+        }
+        let refuse = |msg: String| Error::Launch {
+            kernel: self.variant.id.clone(),
+            msg,
+        };
+        let ctx = self.device.context();
+        if stream.context().cu_ctx() != ctx.cu_ctx() {
+            return Err(refuse(
+                "the stream belongs to another CUDA context than the kernel".to_string(),
+            ));
+        }
+        ctx.bind_to_thread()
+            .map_err(|e| refuse(format!("binding the context: {e}")))?;
+        let (g, p) = if plan.global_scratch_bytes > 0 || plan.profile_scratch_bytes > 0 {
+            self.scratch_for(stream, &plan)?
+        } else {
+            (0, 0)
+        };
+        slots.push(g);
+        slots.push(p);
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        let r = if plan.needs_ex() {
+            let mut attrs = launch_attrs(&plan);
+            let config = sys::CUlaunchConfig {
+                gridDimX: plan.grid[0],
+                gridDimY: plan.grid[1],
+                gridDimZ: plan.grid[2],
+                blockDimX: plan.block[0],
+                blockDimY: plan.block[1],
+                blockDimZ: plan.block[2],
+                sharedMemBytes: plan.shared_bytes,
+                hStream: stream.cu_stream(),
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: attrs.len() as u32,
+            };
+            // SAFETY: `func` is alive (self holds its module); `params` has one pointer
+            // per kernel parameter (signature checked by pack_args_into, + 2 scratch),
+            // each pointing to an 8-byte slot that outlives this call (the driver copies
+            // parameter values at launch); `attrs` outlives the call; the context is
+            // current; pointer validity is the caller's contract (# Safety).
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    self.func,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+        } else {
+            // SAFETY: as for cuLaunchKernelEx above.
+            unsafe {
+                cu::launch_kernel(
+                    self.func,
+                    (plan.grid[0], plan.grid[1], plan.grid[2]),
+                    (plan.block[0], plan.block[1], plan.block[2]),
+                    plan.shared_bytes,
+                    stream.cu_stream(),
+                    &mut params,
+                )
+            }
+        };
+        r.map_err(|e| {
+            let (code, msg) = driver_error_strings(e);
+            refuse(format!(
+                "{code}: {msg} (grid {:?}, block {:?}, shared {} bytes)",
+                plan.grid, plan.block, plan.shared_bytes
+            ))
+        })
+    }
+
+    /// The scratch pointers for a launch on `stream`, growing this stream's buffers if
+    /// the plan needs more.
+    fn scratch_for(&self, stream: &Arc<CudaStream>, plan: &LaunchPlan) -> Result<(u64, u64)> {
+        let refuse = |msg: String| Error::Launch {
+            kernel: self.variant.id.clone(),
+            msg,
+        };
+        let mut table = self.scratch.lock();
+        // A dropped stream's buffers may still be in use by work it queued: drain the
+        // context before freeing them (rare: only when streams come and go).
+        if table.iter().any(|s| s.stream.strong_count() == 0) {
+            self.device
+                .context()
+                .synchronize()
+                .map_err(|e| refuse(format!("synchronizing before freeing scratch: {e}")))?;
+            for s in table.iter_mut().filter(|s| s.stream.strong_count() == 0) {
+                free_buf(self, s.global.take());
+                free_buf(self, s.profile.take());
+            }
+            table.retain(|s| s.stream.strong_count() > 0);
+        }
+        let idx = match table
+            .iter()
+            .position(|s| std::ptr::eq(s.stream.as_ptr(), Arc::as_ptr(stream)))
+        {
+            Some(i) => i,
+            None => {
+                table.push(StreamScratch {
+                    stream: Arc::downgrade(stream),
+                    global: None,
+                    profile: None,
+                });
+                table.len() - 1
+            }
+        };
+        let v = &self.variant;
+        let entry = &mut table[idx];
+        let g = grow(
+            self,
+            stream,
+            &mut entry.global,
+            plan.global_scratch_bytes,
+            v.global_scratch_align,
+        )?;
+        let p = grow(
+            self,
+            stream,
+            &mut entry.profile,
+            plan.profile_scratch_bytes,
+            v.profile_scratch_align,
+        )?;
+        Ok((g, p))
+    }
+}
+
+fn grow(
+    k: &Kernel,
+    stream: &CudaStream,
+    buf: &mut Option<DevBuf>,
+    bytes: u64,
+    align: u32,
+) -> Result<u64> {
+    if bytes == 0 {
+        return Ok(0);
+    }
+    let align = (align.max(1) as u64).max(1);
+    if let Some(b) = buf {
+        if b.bytes >= bytes && b.align >= align {
+            return Ok(b.aligned());
+        }
+        // The old buffer may be in use by launches queued on this stream.
+        stream.synchronize().map_err(|e| Error::Launch {
+            kernel: k.variant.id.clone(),
+            msg: format!("synchronizing before growing scratch: {e}"),
+        })?;
+        free_buf(k, buf.take());
+    }
+    // cuMemAlloc returns 256-byte aligned memory; pad for larger alignments.
+    let pad = align.saturating_sub(256);
+    // SAFETY: plain device allocation in the current context (bound by launch); the
+    // pointer is owned by this DevBuf and freed exactly once (free_buf).
+    let base = unsafe { cu::malloc_sync((bytes + pad) as usize) }.map_err(|e| Error::Launch {
+        kernel: k.variant.id.clone(),
+        msg: format!("allocating {bytes} bytes of scratch: {e}"),
+    })?;
+    let b = DevBuf { base, bytes, align };
+    let ptr = b.aligned();
+    *buf = Some(b);
+    Ok(ptr)
+}
+
+fn free_buf(k: &Kernel, buf: Option<DevBuf>) {
+    if let Some(b) = buf {
+        let ctx = k.device.context();
+        ctx.record_err(ctx.bind_to_thread());
+        // SAFETY: `b.base` came from malloc_sync and is freed once; callers synchronized
+        // the stream or context that could still use it.
+        ctx.record_err(unsafe { cu::free_sync(b.base) });
+    }
+}
+
+fn launch_attrs(plan: &LaunchPlan) -> Vec<sys::CUlaunchAttribute> {
+    use sys::CUlaunchAttributeID as Id;
+    let mut attrs = Vec::new();
+    let mk = |id: Id, f: &dyn Fn(&mut sys::CUlaunchAttributeValue)| {
+        // SAFETY: CUlaunchAttribute is a plain C struct/union; all-zero is a valid value
+        // (id IGNORE, zeroed payload) before we fill it.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = id;
+        f(&mut a.value);
+        a
+    };
+    if plan.pdl {
+        attrs.push(mk(
+            Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            &|v| v.programmaticStreamSerializationAllowed = 1,
+        ));
+    }
+    if plan.cooperative {
+        attrs.push(mk(Id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &|v| {
+            v.cooperative = 1
+        }));
+    }
+    if let Some([x, y, z]) = plan.cluster {
+        attrs.push(mk(Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &|v| {
+            v.clusterDim.x = x;
+            v.clusterDim.y = y;
+            v.clusterDim.z = z;
+        }));
+        attrs.push(mk(
+            Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+            &|v| {
+                v.clusterSchedulingPolicyPreference =
+                    sys::CUclusterSchedulingPolicy::CU_CLUSTER_SCHEDULING_POLICY_SPREAD
+            },
+        ));
+    }
+    attrs
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        // Scratch may be in use by queued launches: drain the context, then free. Errors
+        // are recorded in the context (reported by the next checked call), never panicked
+        // on. The module itself is unloaded (after its own sync) when the last Arc goes.
+        let mut table = std::mem::take(&mut *self.scratch.lock());
+        if table
+            .iter()
+            .any(|s| s.global.is_some() || s.profile.is_some())
+        {
+            let ctx = self.device.context();
+            ctx.record_err(ctx.synchronize());
+            for s in table.iter_mut() {
+                free_buf(self, s.global.take());
+                free_buf(self, s.profile.take());
+            }
+        }
+        let _ = &self.module;
+    }
+}
+
+/// Kernels of one device: loads each variant once per context (by id) through the
+/// artifact store and the cubin cache, and hands out `Arc<Kernel>`s. `Send + Sync`;
+/// share it as `Arc<Runtime>`.
+pub struct Runtime {
+    device: Arc<Device>,
+    store: Arc<ArtifactStore>,
+    cache: CubinCache,
+    kernels: RwLock<HashMap<String, Arc<Kernel>>>,
+    loading: Mutex<()>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("device", &self.device)
+            .field("ptx_cache", &self.store.dir())
+            .field("cubin_cache", &self.cache.dir())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A runtime for `device` over `store`, JIT-caching into `cache`.
+    pub fn new(device: Arc<Device>, store: ArtifactStore, cache: CubinCache) -> Arc<Runtime> {
+        Arc::new(Runtime {
+            device,
+            store: Arc::new(store),
+            cache,
+            kernels: RwLock::new(HashMap::new()),
+            loading: Mutex::new(()),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The artifact store.
+    pub fn store(&self) -> &ArtifactStore {
+        &self.store
+    }
+
+    /// The cubin cache.
+    pub fn cache(&self) -> &CubinCache {
+        &self.cache
+    }
+
+    /// The kernel variant `id`, loaded on first use (cubin from the manifest, the cache
+    /// or a JIT), then shared.
+    ///
+    /// Errors: [`Error::UnknownVariant`], [`Error::ArchMismatch`], artifact, JIT and
+    /// load errors.
+    pub fn kernel(&self, id: &str) -> Result<Arc<Kernel>> {
+        if let Some(k) = self.kernels.read().get(id) {
+            return Ok(k.clone());
+        }
+        // One loader at a time, so two threads never JIT the same variant twice.
+        let _guard = self.loading.lock();
+        if let Some(k) = self.kernels.read().get(id) {
+            return Ok(k.clone());
+        }
+        let variant = self.store.variant(id)?;
+        let built = self
+            .cache
+            .get_or_build(&self.device, &self.store, variant)?;
+        let kernel = Arc::new(Kernel::load(&self.device, variant, &built)?);
+        self.kernels.write().insert(id.to_string(), kernel.clone());
+        Ok(kernel)
+    }
+
+    /// The manifest's best default variant of `kernel_name` for this device (see
+    /// [`ArtifactStore::select_for_device`]).
+    pub fn default_kernel(&self, kernel_name: &str) -> Result<Arc<Kernel>> {
+        self.kernel_for(kernel_name, None)
+    }
+
+    /// The variant a tuning table chose (`tuned_variant_id`), else the default. A tuned
+    /// id must name a variant of `kernel_name` usable on this device.
+    ///
+    /// Errors: [`Error::Invalid`] (tuned id of another kernel or another arch), plus
+    /// those of [`Runtime::kernel`].
+    pub fn kernel_for(
+        &self,
+        kernel_name: &str,
+        tuned_variant_id: Option<&str>,
+    ) -> Result<Arc<Kernel>> {
+        let id = match tuned_variant_id {
+            Some(id) => {
+                let v = self.store.variant(id)?;
+                if v.kernel != kernel_name || !v.usable_on(self.device.cc()) {
+                    return Err(Error::invalid(
+                        "tuned variant",
+                        format!(
+                            "{id} is a variant of {} for {}, not of {kernel_name} for sm_{}",
+                            v.kernel,
+                            v.ptx_target,
+                            self.device.arch()
+                        ),
+                    ));
+                }
+                id.to_string()
+            }
+            None => self
+                .store
+                .select_for_device(kernel_name, self.device.cc())?
+                .id
+                .clone(),
+        };
+        self.kernel(&id)
+    }
+
+    /// Every kernel loaded so far.
+    pub fn loaded(&self) -> Vec<Arc<Kernel>> {
+        self.kernels.read().values().cloned().collect()
+    }
+}

@@ -1,31 +1,349 @@
-//! `tritonrt warmup`, `inspect`, `verify`, `import` (TODO).
+//! `tritonrt warmup`, `inspect`, `verify`, `import`: the artifact and runtime-core
+//! subcommands.
 
-/// Arguments of `tritonrt warmup`.
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::artifact::{import_triton_cache_entry, ArtifactStore, SignatureSource, Variant};
+use crate::cli::{EXIT_CHECK_FAILED, EXIT_OK};
+use crate::device::Device;
+use crate::jit::{BuiltCubin, CacheOutcome, CubinCache};
+use crate::kernel::Kernel;
+
+/// The crate's own `ptx_cache/` (the default of `--ptx-cache`).
+pub const DEFAULT_PTX_CACHE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache");
+
+/// `--ptx-cache DIR`, shared by the subcommands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PtxCacheArg {
+    /// The ptx_cache directory (manifest.json + content-addressed PTX/cubin files).
+    #[arg(long, value_name = "DIR", env = "TRITONRT_PTX_CACHE", default_value = DEFAULT_PTX_CACHE)]
+    pub ptx_cache: PathBuf,
+}
+
+/// Arguments of `tritonrt warmup`: load (and JIT where needed) every artifact usable on
+/// the present GPU into the user cubin cache (`$TRITONRT_CACHE_DIR`, else
+/// `~/.cache/tritonrt`), printing cold (JIT) and warm (cached cubin) load times.
 #[derive(Debug, clap::Args)]
-pub struct WarmupArgs {}
-/// Arguments of `tritonrt inspect`.
+pub struct WarmupArgs {
+    #[command(flatten)]
+    ptx: PtxCacheArg,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Also time a cold PTX JIT for variants that are already cached or have a cubin
+    /// (the extra JIT output is discarded).
+    #[arg(long)]
+    cold: bool,
+}
+
+/// Arguments of `tritonrt inspect`: list the variants of a ptx_cache with their launch
+/// metadata (nothing is loaded; no GPU needed).
 #[derive(Debug, clap::Args)]
-pub struct InspectArgs {}
-/// Arguments of `tritonrt verify`.
+pub struct InspectArgs {
+    #[command(flatten)]
+    ptx: PtxCacheArg,
+}
+
+/// Arguments of `tritonrt verify`: check size and sha256 of every file the manifest
+/// names. Exit 0 when all are good, 1 naming each bad file.
 #[derive(Debug, clap::Args)]
-pub struct VerifyArgs {}
-/// Arguments of `tritonrt import`.
+pub struct VerifyArgs {
+    #[command(flatten)]
+    ptx: PtxCacheArg,
+}
+
+/// Arguments of `tritonrt import`: add one entry of Triton's cache
+/// (`~/.triton/cache/<hash>/`, holding `<name>.json` + `.ptx` [+ `.cubin`, `.ttir`]) to a
+/// ptx_cache, writing its files content-addressed and merging the manifest atomically.
 #[derive(Debug, clap::Args)]
-pub struct ImportArgs {}
+pub struct ImportArgs {
+    /// The Triton cache entry directory.
+    #[arg(value_name = "DIR")]
+    entry: PathBuf,
+    #[command(flatten)]
+    ptx: PtxCacheArg,
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// One row of the warmup table.
+struct WarmRow {
+    id: String,
+    outcome: CacheOutcome,
+    cold: Option<Duration>,
+    warm: Duration,
+    regs: i32,
+}
 
 /// `tritonrt warmup`.
-pub fn warmup(_a: WarmupArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn warmup(a: WarmupArgs) -> anyhow::Result<i32> {
+    let store = ArtifactStore::open(&a.ptx.ptx_cache)
+        .with_context(|| format!("opening ptx_cache {}", a.ptx.ptx_cache.display()))?;
+    let device = Device::new(a.device)?;
+    let cache = CubinCache::from_env()?;
+    let cc = device.cc();
+    println!(
+        "device {}: {} (sm_{}, driver {} = CUDA {}.{}, PTX ISA <= {}); cubin cache {}",
+        device.ordinal(),
+        device.name(),
+        device.arch(),
+        device.driver_version(),
+        device.driver_cuda_version().0,
+        device.driver_cuda_version().1,
+        device.ptx_isa_max(),
+        cache.dir().display()
+    );
+    let (usable, skipped): (Vec<&Variant>, Vec<&Variant>) =
+        store.all_variants().iter().partition(|v| v.usable_on(cc));
+    let pb = indicatif::ProgressBar::new(usable.len() as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {wide_msg}")
+            .expect("valid template"),
+    );
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for v in &usable {
+        pb.set_message(v.id.clone());
+        match warm_one(&device, &store, &cache, v, a.cold) {
+            Ok(r) => rows.push(r),
+            Err(e) => failures.push((v.id.clone(), e)),
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+
+    let w = rows.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
+    println!(
+        "{:<w$}  {:<14}  {:>12}  {:>12}  {:>5}",
+        "id", "source", "cold ms", "warm ms", "regs"
+    );
+    let (mut cold_total, mut warm_total) = (Duration::ZERO, Duration::ZERO);
+    for r in &rows {
+        cold_total += r.cold.unwrap_or_default();
+        warm_total += r.warm;
+        println!(
+            "{:<w$}  {:<14}  {:>12}  {:>12}  {:>5}",
+            r.id,
+            r.outcome.label(),
+            r.cold.map(ms).unwrap_or_else(|| "-".to_string()),
+            ms(r.warm),
+            r.regs
+        );
+    }
+    println!(
+        "{} loaded, {} failed, {} skipped (other arch); total cold {} ms, warm {} ms",
+        rows.len(),
+        failures.len(),
+        skipped.len(),
+        ms(cold_total),
+        ms(warm_total)
+    );
+    println!(
+        "cold = PTX JIT by the driver + module load; warm = cached/manifest cubin read + \
+         verify + module load"
+    );
+    for (id, e) in &failures {
+        eprintln!("FAILED {id}: {e}");
+    }
+    Ok(if failures.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_CHECK_FAILED
+    })
 }
+
+fn warm_one(
+    device: &std::sync::Arc<Device>,
+    store: &ArtifactStore,
+    cache: &CubinCache,
+    v: &Variant,
+    force_cold: bool,
+) -> crate::Result<WarmRow> {
+    let built = cache.get_or_build(device, store, v)?;
+    let first = Kernel::load(device, v, &built)?;
+    let first_total = first.load_info().total();
+    let mut cold = built.outcome.jitted().then_some(first_total);
+    drop(first);
+    // Warm: the same load again, now from the cache (or the manifest cubin).
+    let warm_built = cache.get_or_build(device, store, v)?;
+    let warm = Kernel::load(device, v, &warm_built)?;
+    if cold.is_none() && force_cold {
+        let t0 = Instant::now();
+        let ptx = store.read_ptx(v)?;
+        let out = device
+            .jit_ptx(&ptx, &v.ptx.file, cache.options().opt_level)
+            .map_err(|f| {
+                crate::Error::invalid(format!("JIT of {}", v.id), format!("{}: {}", f.code, f.log))
+            })?;
+        let jit_built = BuiltCubin {
+            cubin: out.cubin,
+            outcome: CacheOutcome::Built,
+            origin: (store.path_of(&v.ptx), v.ptx.sha256.clone()),
+            elapsed: t0.elapsed(),
+            jit_log: Some(out.log),
+        };
+        let k = Kernel::load(device, v, &jit_built)?;
+        cold = Some(k.load_info().total());
+    }
+    Ok(WarmRow {
+        id: v.id.clone(),
+        outcome: built.outcome,
+        cold,
+        warm: warm.load_info().total(),
+        regs: warm.num_regs(),
+    })
+}
+
 /// `tritonrt inspect`.
-pub fn inspect(_a: InspectArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
+    let store = ArtifactStore::open(&a.ptx.ptx_cache)
+        .with_context(|| format!("opening ptx_cache {}", a.ptx.ptx_cache.display()))?;
+    let m = store.manifest();
+    println!(
+        "{}: schema {}, Triton {}, {} variants",
+        store.manifest_path().display(),
+        m.schema_version,
+        m.triton_version,
+        m.variants.len()
+    );
+    let header = [
+        "id", "target", "ptx", "warps", "stages", "ctas", "shared", "gscratch", "pdl/coop",
+        "default", "cubin",
+    ];
+    let rows: Vec<[String; 11]> = m
+        .variants
+        .iter()
+        .map(|v| {
+            [
+                v.id.clone(),
+                v.ptx_target.clone(),
+                v.ptx_version.clone(),
+                v.num_warps.to_string(),
+                v.num_stages.to_string(),
+                v.num_ctas.to_string(),
+                v.shared.to_string(),
+                format!("{}/{}", v.global_scratch_size, v.global_scratch_align),
+                format!(
+                    "{}/{}",
+                    if v.launch_pdl { "y" } else { "n" },
+                    if v.launch_cooperative_grid { "y" } else { "n" }
+                ),
+                if v.default { "yes" } else { "" }.to_string(),
+                if v.cubin.is_some() { "yes" } else { "" }.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i == 0 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    println!("{}", line(header.to_vec()));
+    for r in &rows {
+        println!("{}", line(r.iter().map(String::as_str).collect()));
+    }
+    println!("shared and scratch in bytes per CTA; block = 32 x warps threads");
+    let mut kernels: Vec<&str> = m.variants.iter().map(|v| v.kernel.as_str()).collect();
+    kernels.dedup();
+    kernels.sort();
+    kernels.dedup();
+    for k in kernels {
+        let v = store.variants(k)[0];
+        let sig: Vec<String> = v
+            .signature
+            .iter()
+            .map(|a| {
+                if a.divisibility > 1 {
+                    format!("{}: {} (div {})", a.name, a.ty, a.divisibility)
+                } else {
+                    format!("{}: {}", a.name, a.ty)
+                }
+            })
+            .collect();
+        println!("kernel {k} (entry {}): {}", v.entry, sig.join(", "));
+    }
+    Ok(EXIT_OK)
 }
+
 /// `tritonrt verify`.
-pub fn verify(_a: VerifyArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn verify(a: VerifyArgs) -> anyhow::Result<i32> {
+    let store = match ArtifactStore::open(&a.ptx.ptx_cache) {
+        Ok(s) => s,
+        Err(e) => {
+            println!(
+                "BAD {}: {e}",
+                a.ptx.ptx_cache.join("manifest.json").display()
+            );
+            return Ok(EXIT_CHECK_FAILED);
+        }
+    };
+    let files = store.files().len();
+    let bad = store.verify_all();
+    for (path, e) in &bad {
+        println!("BAD {}: {e}", path.display());
+    }
+    if bad.is_empty() {
+        println!(
+            "OK: {} variants, all {files} files match their size and sha256 ({})",
+            store.all_variants().len(),
+            store.manifest_path().display()
+        );
+        Ok(EXIT_OK)
+    } else {
+        println!("{} of {files} files bad", bad.len());
+        Ok(EXIT_CHECK_FAILED)
+    }
 }
+
 /// `tritonrt import`.
-pub fn import(_a: ImportArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn import(a: ImportArgs) -> anyhow::Result<i32> {
+    let r = import_triton_cache_entry(&a.entry, &a.ptx.ptx_cache)?;
+    let v = &r.variant;
+    println!(
+        "{} {} ({} {}, PTX {}{}) into {}",
+        if r.added {
+            "imported"
+        } else {
+            "already present:"
+        },
+        v.id,
+        v.kernel,
+        v.ptx_target,
+        v.ptx_version,
+        if v.cubin.is_some() {
+            ", with cubin"
+        } else {
+            ""
+        },
+        r.manifest.display()
+    );
+    println!("signature: {}", v.signature_string());
+    if r.signature_source == SignatureSource::Ptx {
+        println!(
+            "note: no TTIR in the entry; argument names and pointer element types are unknown \
+             (read from the PTX .entry), pointers assumed 16-byte aligned"
+        );
+    }
+    Ok(EXIT_OK)
 }

@@ -1,1 +1,0 @@
-//! TODO: module `artifact` (see DESIGN.md).
