@@ -11,27 +11,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// An I/O operation on `path` failed.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}: {cause}")]
     Io {
         /// What we were doing ("reading", "writing", "renaming", ...).
         op: &'static str,
         /// The file or directory involved.
         path: PathBuf,
         /// The underlying OS error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// A JSON document (manifest, tuning table, Triton metadata) could not be parsed.
-    #[error("parsing {path} as {what}: {source}")]
+    #[error("parsing {path} as {what}: {cause}")]
     Json {
         /// The file.
         path: PathBuf,
         /// What the file was supposed to be ("ptx_cache manifest", ...).
         what: &'static str,
         /// The parser's error (line and column).
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
 
     // ---- artifact store (src/artifact) ----
@@ -56,7 +54,7 @@ pub enum Error {
     },
 
     /// An artifact file named by the manifest does not exist or cannot be read.
-    #[error("artifact {file} is missing or unreadable (expected {expected_size} bytes, sha256 {expected_sha256}): {source}")]
+    #[error("artifact {file} is missing or unreadable (expected {expected_size} bytes, sha256 {expected_sha256}): {cause}")]
     ArtifactMissing {
         /// The file.
         file: PathBuf,
@@ -65,8 +63,7 @@ pub enum Error {
         /// sha256 (hex) the manifest records.
         expected_sha256: String,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// An artifact file's size or sha256 differs from the manifest: truncated, altered or
@@ -393,11 +390,11 @@ pub enum Error {
 
 impl Error {
     /// Shorthand for [`Error::Io`].
-    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         Error::Io {
             op,
             path: path.into(),
-            source,
+            cause,
         }
     }
 

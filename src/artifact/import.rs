@@ -308,7 +308,7 @@ fn find_metadata(dir: &Path) -> Result<(PathBuf, TritonMetadata)> {
         let md: TritonMetadata = serde_json::from_slice(&bytes).map_err(|e| Error::Json {
             path: path.clone(),
             what: "Triton kernel metadata",
-            source: e,
+            cause: e,
         })?;
         found.push((path, md));
     }

@@ -61,7 +61,7 @@ pub fn read_verified(dir: &Path, file_ref: &FileRef) -> Result<Vec<u8>> {
         file: path.clone(),
         expected_size: file_ref.size,
         expected_sha256: file_ref.sha256.clone(),
-        source,
+        cause: source,
     };
     let bytes = std::fs::read(&path).map_err(missing)?;
     let actual_size = bytes.len() as u64;
@@ -251,7 +251,7 @@ pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| Error::Json {
         path: path.to_path_buf(),
         what: "ptx_cache manifest",
-        source: e,
+        cause: e,
     })?;
     let found = value.get("schema_version").and_then(|v| v.as_u64());
     match found {
@@ -273,7 +273,7 @@ pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest> {
     let manifest: Manifest = serde_json::from_value(value).map_err(|e| Error::Json {
         path: path.to_path_buf(),
         what: "ptx_cache manifest",
-        source: e,
+        cause: e,
     })?;
     validate_manifest(&manifest).map_err(|msg| Error::ManifestInvalid {
         path: path.to_path_buf(),

@@ -605,7 +605,7 @@ impl TuningTable {
         let json_err = |source| Error::Json {
             path: path.to_path_buf(),
             what: "tuning table",
-            source,
+            cause: source,
         };
         let value: serde_json::Value = serde_json::from_slice(bytes).map_err(json_err)?;
         let found = match value.get("schema_version") {
