@@ -1,10 +1,234 @@
-//! `tritonrt bench` (TODO).
+//! `tritonrt bench`: time the decode step on the GPU, plain launches vs CUDA-graph
+//! replay, wall-clock and GPU time, against the memory floor measured in the same run.
+//!
+//! The Python baselines (PyTorch eager, our kernels through Triton's launcher, and that
+//! under a torch CUDA graph) are timed by `benches/compare.py`, which runs this command
+//! with `--json` and `--save-inputs` so every implementation sees the same inputs.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+
+use crate::pq::gpu::{self, BenchResult};
+use crate::pq::{PqConfig, PqInputs, Shape, Workload};
+
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
 
 /// Arguments of `tritonrt bench`.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+#[command(after_help = "\
+Examples:
+  tritonrt bench                                  reference workload (B=1, H=32, S=32000)
+  tritonrt bench --workload large                 B=4, S=131072
+  tritonrt bench --sweep --json out.json          S = 4k .. 128k, machine-readable
+Every step quantizes one new key (codes cached for S - 1 - init_offset keys), as the
+upstream benchmark does. Timings are medians after a warm-up.")]
+pub struct BenchArgs {
+    /// The workload: its B, H, H_kv, D and S (S is replaced by --seq-lens / --sweep).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "reference",
+        env = "TRITONRT_WORKLOAD"
+    )]
+    pub workload: Workload,
+    /// Sequence lengths to time, comma-separated (default: the workload's S).
+    #[arg(long, value_delimiter = ',', value_name = "S,...")]
+    pub seq_lens: Vec<usize>,
+    /// Time S = 4096, 8192, 16384, 32768, 65536, 131072.
+    #[arg(long, conflicts_with = "seq_lens")]
+    pub sweep: bool,
+    /// Timed steps per mode and shape.
+    #[arg(long, default_value_t = 500)]
+    pub steps: usize,
+    /// Bytes of the device-to-device copy that measures the bandwidth for the floor.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub copy_bytes: usize,
+    /// Seed of the standard-normal inputs.
+    #[arg(long, default_value_t = 0, env = "TRITONRT_SEED")]
+    pub seed: u64,
+    /// Write the results as JSON to this file (one object per shape).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write each shape's inputs to DIR/bench_S<S>.safetensors (query, key_tail = the key
+    /// rows a step reads, pq_centroids, pq_codebook; config in the metadata) for the
+    /// Python baselines.
+    #[arg(long, value_name = "DIR")]
+    pub save_inputs: Option<PathBuf>,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0, env = "TRITONRT_DEVICE")]
+    pub device: usize,
+    #[command(flatten)]
+    pub ptx: super::core_cmds::PtxCacheArg,
+}
+
+fn save_inputs(path: &std::path::Path, cfg: &PqConfig, inputs: &PqInputs) -> anyhow::Result<()> {
+    let sh = inputs.shape;
+    let first = (cfg.init_offset + inputs.n_cached).min(sh.s);
+    let tail = sh.s - first;
+    let mut key_tail = Vec::with_capacity(sh.b * sh.h_kv * tail * sh.d);
+    for bg in 0..sh.b * sh.h_kv {
+        key_tail
+            .extend_from_slice(&inputs.key[(bg * sh.s + first) * sh.d..(bg * sh.s + sh.s) * sh.d]);
+    }
+    let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let q = f32b(&inputs.query);
+    let k = f32b(&key_tail);
+    let c = f32b(&inputs.centroids);
+    let codes: Vec<u8> = inputs.codes.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let (m, kc, dc) = (cfg.m(), cfg.k_centroids(), cfg.d_c(sh.d));
+    let tensors = vec![
+        (
+            "query",
+            TensorView::new(StDtype::F32, vec![sh.b, sh.h, 1, sh.d], &q)?,
+        ),
+        (
+            "key_tail",
+            TensorView::new(StDtype::F32, vec![sh.b, sh.h_kv, tail, sh.d], &k)?,
+        ),
+        (
+            "pq_centroids",
+            TensorView::new(StDtype::F32, vec![sh.b, sh.h_kv, m, kc, dc], &c)?,
+        ),
+        (
+            "pq_codebook",
+            TensorView::new(
+                StDtype::I64,
+                vec![sh.b, inputs.n_cached, sh.h_kv, m],
+                &codes,
+            )?,
+        ),
+    ];
+    let meta: HashMap<String, String> = [
+        ("sink_size", cfg.sink_size.to_string()),
+        ("window_size", cfg.window_size.to_string()),
+        ("heavy_size", cfg.heavy_size.to_string()),
+        ("init_offset", cfg.init_offset.to_string()),
+        ("pq_group_factor", cfg.pq_group_factor.to_string()),
+        ("pq_bits", cfg.pq_bits.to_string()),
+        ("metric", cfg.metric.as_str().to_string()),
+        ("seq_len", sh.s.to_string()),
+        ("key_first", first.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let bytes = safetensors::serialize(tensors, Some(meta))?;
+    crate::pq::io::write_atomic(path, &bytes)?;
+    Ok(())
+}
 
 /// Entry point of `tritonrt bench`; returns the process exit code.
-pub fn bench(_args: BenchArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("tritonrt bench is not implemented yet")
+pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
+    let rt =
+        match gpu::open_runtime(a.device, &a.ptx.ptx_cache).context("opening the GPU runtime")? {
+            Ok(rt) => rt,
+            Err(why) => anyhow::bail!("tritonrt bench needs a CUDA GPU: {why}"),
+        };
+    let cfg = PqConfig::reference_workload();
+    let base: Shape = a.workload.shape();
+    let seq_lens: Vec<usize> = if a.sweep {
+        vec![4096, 8192, 16384, 32768, 65536, 131072]
+    } else if a.seq_lens.is_empty() {
+        vec![base.s]
+    } else {
+        a.seq_lens.clone()
+    };
+    let stream = rt.device().new_stream()?;
+    let bw = gpu::copy_bandwidth(&rt, &stream, a.copy_bytes).context("measuring copy bandwidth")?;
+    say!(
+        "device:  {} (sm_{}), copy bandwidth {:.2} TB/s (read + write, {} MiB device-to-device copy)",
+        rt.device().name(),
+        rt.device().arch(),
+        bw / 1e12,
+        a.copy_bytes >> 20
+    );
+    say!("config:  {cfg}");
+    let mut results: Vec<BenchResult> = Vec::new();
+    let bar = indicatif::ProgressBar::new(seq_lens.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} shapes {msg}")
+            .expect("static template"),
+    );
+    for &s in &seq_lens {
+        bar.set_message(format!("S={s}"));
+        let shape = Shape { s, ..base };
+        let n_cached = PqInputs::default_n_cached(&cfg, s);
+        let inputs = PqInputs::random(&cfg, shape, n_cached, a.seed ^ s as u64)
+            .with_context(|| format!("generating inputs for S={s}"))?;
+        if let Some(dir) = &a.save_inputs {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let p = dir.join(format!("bench_S{s}.safetensors"));
+            save_inputs(&p, &cfg, &inputs).with_context(|| format!("writing {}", p.display()))?;
+        }
+        let tuned = crate::tune::gpu::tuned_select_variant(&rt, &cfg, &shape);
+        let r = gpu::bench_shape(&rt, &cfg, &inputs, tuned.as_deref(), a.steps)
+            .with_context(|| format!("benchmarking S={s}"))?;
+        results.push(r);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    say!(
+        "{:>3} {:>5} {:>7} | {:>10} {:>10} | {:>10} {:>10} | {:>9} {:>9} | {:>7} {:>7}",
+        "B",
+        "H",
+        "S",
+        "launch us",
+        "graph us",
+        "launch gpu",
+        "graph gpu",
+        "floor MB",
+        "floor us",
+        "wall/fl",
+        "gpu/fl"
+    );
+    let mut json = Vec::new();
+    for r in &results {
+        let floor_us = r.floor_bytes as f64 / bw * 1e6;
+        say!(
+            "{:>3} {:>5} {:>7} | {:>10.1} {:>10.1} | {:>10.1} {:>10.1} | {:>9.2} {:>9.1} | {:>7.2} {:>7.2}",
+            r.shape.b,
+            r.shape.h,
+            r.shape.s,
+            r.launch_wall.median_us,
+            r.graph_wall.median_us,
+            r.launch_gpu.median_us,
+            r.graph_gpu.median_us,
+            r.floor_bytes as f64 / 1e6,
+            floor_us,
+            r.graph_wall.median_us / floor_us,
+            r.graph_gpu.median_us / floor_us
+        );
+        json.push(serde_json::json!({
+            "device": rt.device().name(),
+            "b": r.shape.b, "h": r.shape.h, "h_kv": r.shape.h_kv, "s": r.shape.s, "d": r.shape.d,
+            "launch_wall_us": r.launch_wall.median_us,
+            "graph_wall_us": r.graph_wall.median_us,
+            "launch_gpu_us": r.launch_gpu.median_us,
+            "graph_gpu_us": r.graph_gpu.median_us,
+            "graph_wall_p10_us": r.graph_wall.p10_us,
+            "graph_wall_p90_us": r.graph_wall.p90_us,
+            "floor_bytes": r.floor_bytes,
+            "floor_us": floor_us,
+            "copy_bandwidth_bytes_per_s": bw,
+            "select_variant": r.select_variant,
+            "steps": r.graph_wall.samples,
+        }));
+    }
+    say!("(us: medians per step; wall = host timer around step + synchronize; gpu = CUDA events; floor = bytes / copy bandwidth)");
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&json)? + "\n";
+        crate::pq::io::write_atomic(path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        say!("results written to {}", path.display());
+    }
+    Ok(super::EXIT_OK)
 }

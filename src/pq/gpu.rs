@@ -919,37 +919,66 @@ impl GpuIndexer {
 
 /// Host inputs uploaded to the device in the layouts the indexer reads: `query
 /// [B, H, 1, D]` and `key [B, H_kv, S, D]`, contiguous, in the config's input dtype.
+///
+/// Only the key rows a step reads (positions `init_offset + N_cached .. S` of every
+/// batch and KV head) are copied; the rest of the key buffer is zero. That keeps the
+/// large workload's upload at a few MB instead of 8.6 GB.
 pub struct DeviceInputs {
-    query: CudaSlice<u8>,
-    key: CudaSlice<u8>,
+    query: CudaSlice<u16>,
+    key: CudaSlice<u16>,
     q_ref: DeviceTensorRef,
     k_ref: DeviceTensorRef,
 }
 
+/// `v` in `dtype`, as 16-bit words (fp32 values take two words each, little-endian).
+fn to_words(v: &[f32], dtype: DType) -> Vec<u16> {
+    match dtype {
+        DType::F32 => v
+            .iter()
+            .flat_map(|x| {
+                let b = x.to_bits();
+                [b as u16, (b >> 16) as u16]
+            })
+            .collect(),
+        DType::BF16 => v
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect(),
+        DType::F16 => v
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect(),
+    }
+}
+
 impl DeviceInputs {
-    /// Upload `inputs.query` and `inputs.key` (converted to `dtype`).
-    pub fn upload(stream: &Arc<CudaStream>, inputs: &PqInputs, dtype: DType) -> Result<Self> {
+    /// Upload `inputs.query` and the key rows from `init_offset + inputs.n_cached` on
+    /// (converted to `dtype`).
+    ///
+    /// Errors: driver errors (allocation of `B x H_kv x S x D` key elements included).
+    pub fn upload(stream: &Arc<CudaStream>, inputs: &PqInputs, cfg: &PqConfig) -> Result<Self> {
         let sh = inputs.shape;
-        let to_bytes = |v: &[f32]| -> Vec<u8> {
-            match dtype {
-                DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                DType::BF16 => v
-                    .iter()
-                    .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-                    .collect(),
-                DType::F16 => v
-                    .iter()
-                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                    .collect(),
-            }
-        };
+        let dtype = cfg.input_dtype;
+        let wpe = dtype.size_bytes() / 2; // 16-bit words per element
         let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
         let query = stream
-            .clone_htod(&to_bytes(&inputs.query))
+            .clone_htod(&to_words(&inputs.query, dtype))
             .map_err(drv("uploading query"))?;
-        let key = stream
-            .clone_htod(&to_bytes(&inputs.key))
-            .map_err(drv("uploading key"))?;
+        let mut key = stream
+            .alloc_zeros::<u16>(sh.b * sh.h_kv * sh.s * sh.d * wpe)
+            .map_err(drv("allocating key"))?;
+        let first = (cfg.init_offset + inputs.n_cached).min(sh.s);
+        if first < sh.s {
+            for bg in 0..sh.b * sh.h_kv {
+                let lo = (bg * sh.s + first) * sh.d;
+                let hi = (bg * sh.s + sh.s) * sh.d;
+                let words = to_words(&inputs.key[lo..hi], dtype);
+                let mut view = key.slice_mut(lo * wpe..hi * wpe);
+                stream
+                    .memcpy_htod(&words, &mut view)
+                    .map_err(drv("uploading key rows"))?;
+            }
+        }
         let (q_sb, q_sh) = ((sh.h * sh.d) as i64, sh.d as i64);
         let (k_sb, k_sh, k_ss) = (
             (sh.h_kv * sh.s * sh.d) as i64,
@@ -959,7 +988,8 @@ impl DeviceInputs {
         let q_ptr = query.device_ptr(stream).0;
         let k_ptr = key.device_ptr(stream).0;
         // SAFETY: both buffers are owned by the returned value, hold the whole
-        // contiguous tensors in `dtype`, and live as long as it does.
+        // contiguous tensors in `dtype` (query fully written, key rows from
+        // init_offset + n_cached written, the rest zero), and live as long as it does.
         let (q_ref, k_ref) = unsafe {
             (
                 DeviceTensorRef::new(q_ptr, dtype, [q_sb, q_sh, 0]),
@@ -986,7 +1016,7 @@ impl DeviceInputs {
 
     /// Bytes held on the device.
     pub fn bytes(&self) -> usize {
-        self.query.len() + self.key.len()
+        2 * (self.query.len() + self.key.len())
     }
 }
 
@@ -1102,7 +1132,7 @@ pub fn execute(
         select_variant,
     )?;
     ix.import_codes(&inputs.codes, inputs.n_cached)?;
-    let dev = DeviceInputs::upload(&stream, inputs, cfg.input_dtype)?;
+    let dev = DeviceInputs::upload(&stream, inputs, cfg)?;
     ix.prepare(sh.s)?;
     ix.poison_outputs()?;
     ix.step(dev.query(), dev.key(), sh.s, LaunchMode::Launch)?;
@@ -1146,5 +1176,141 @@ pub fn execute(
         graph_timing,
         select_variant: ix.select_variant().to_string(),
         device_name: rt.device().name().to_string(),
+    })
+}
+
+/// Bytes one step must move through device memory at the least, each input read once
+/// and each output written once: u8 codes of every quantized key (`B x H_kv x M x n`),
+/// `weight_list` (`B x H x S`, weight dtype), `sparse_list` + `sparse_len` (i64), the
+/// query, the centroids, and the new keys read and their codes written.
+pub fn memory_floor_bytes(cfg: &PqConfig, shape: &Shape, n_cached: usize) -> u64 {
+    let (b, h, h_kv, s, d) = (shape.b, shape.h, shape.h_kv, shape.s, shape.d);
+    let rows = (b * h) as u64;
+    let qb = cfg.input_dtype.size_bytes() as u64;
+    let wb = cfg.weight_dtype.size_bytes() as u64;
+    if cfg.is_short(s) {
+        return rows * s as u64 * (8 + wb) + rows * 8;
+    }
+    let m = cfg.m() as u64;
+    let n = cfg.n_quantized(s) as u64;
+    let new = n.saturating_sub(n_cached as u64);
+    let codes = (b * h_kv) as u64 * m * n;
+    let weight = rows * s as u64 * wb;
+    let lists = rows * cfg.total(s) as u64 * 8 + rows * 8;
+    let query = rows * d as u64 * qb;
+    let cents = (b * h_kv) as u64 * m * cfg.k_centroids() as u64 * cfg.d_c(d) as u64 * 4;
+    let keys = (b * h_kv) as u64 * new * (d as u64 * qb + m);
+    codes + weight + lists + query + cents + keys
+}
+
+/// Device copy bandwidth in bytes per second (bytes read + bytes written), from the
+/// median of 10 device-to-device copies of `bytes` bytes timed with CUDA events.
+///
+/// Errors: allocation or driver errors.
+pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>, bytes: usize) -> Result<f64> {
+    let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+    let src = stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(drv("allocating copy source"))?;
+    let mut dst = stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(drv("allocating copy target"))?;
+    let (e0, e1) = (rt.device().new_event(true)?, rt.device().new_event(true)?);
+    let mut ms = Vec::new();
+    for i in 0..13 {
+        e0.record(stream).map_err(drv("recording an event"))?;
+        stream
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(drv("device copy"))?;
+        e1.record(stream).map_err(drv("recording an event"))?;
+        e1.synchronize().map_err(drv("waiting for an event"))?;
+        if i >= 3 {
+            ms.push(e0.elapsed_ms(&e1).map_err(drv("reading an event"))? as f64);
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(2.0 * bytes as f64 / (ms[ms.len() / 2] * 1e-3))
+}
+
+/// Everything `tritonrt bench` measures for one shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchResult {
+    /// The shape timed.
+    pub shape: Shape,
+    /// Wall-clock per step with plain launches (host timer around step + synchronize).
+    pub launch_wall: StepTiming,
+    /// Wall-clock per step with CUDA-graph replay.
+    pub graph_wall: StepTiming,
+    /// GPU time per step with plain launches (CUDA events around each step).
+    pub launch_gpu: StepTiming,
+    /// GPU time per step with graph replay (CUDA events around each replay).
+    pub graph_gpu: StepTiming,
+    /// [`memory_floor_bytes`] of the step.
+    pub floor_bytes: u64,
+    /// Select-kernel variant used.
+    pub select_variant: String,
+}
+
+/// Time `steps` steps (after a warm-up) of `inputs` in both launch modes, wall-clock and
+/// GPU time (CUDA events), rewinding the state before each so every step quantizes the
+/// same new keys (the upstream benchmark's protocol). The output of the graph step is
+/// checked against the plain step first (bit-identical).
+///
+/// Errors: the indexer's errors; a graph/launch output mismatch.
+pub fn bench_shape(
+    rt: &Arc<Runtime>,
+    cfg: &PqConfig,
+    inputs: &PqInputs,
+    select_variant: Option<&str>,
+    steps: usize,
+) -> Result<BenchResult> {
+    let ex = execute(rt, cfg, inputs, select_variant, steps.max(1))?;
+    if !ex.graph_matches {
+        return Err(Error::invalid(
+            "graph replay",
+            "the CUDA-graph step's outputs differ from the plain-launch step's",
+        ));
+    }
+    let sh = inputs.shape;
+    let stream = rt.device().new_stream()?;
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        *cfg,
+        sh,
+        &inputs.centroids,
+        inputs.phi.as_deref(),
+        select_variant,
+    )?;
+    ix.import_codes(&inputs.codes, inputs.n_cached)?;
+    let dev = DeviceInputs::upload(&stream, inputs, cfg)?;
+    ix.prepare(sh.s)?;
+    let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+    let (e0, e1) = (rt.device().new_event(true)?, rt.device().new_event(true)?);
+    let mut gpu = |mode: LaunchMode| -> Result<StepTiming> {
+        let warmup = (steps / 10).clamp(3, 50);
+        let mut samples = Vec::with_capacity(steps);
+        for i in 0..warmup + steps.max(1) {
+            ix.rewind(inputs.n_cached);
+            e0.record(&stream).map_err(drv("recording an event"))?;
+            ix.step(dev.query(), dev.key(), sh.s, mode)?;
+            e1.record(&stream).map_err(drv("recording an event"))?;
+            e1.synchronize().map_err(drv("waiting for an event"))?;
+            if i >= warmup {
+                samples.push(e0.elapsed_ms(&e1).map_err(drv("reading an event"))? as f64 * 1e3);
+            }
+        }
+        Ok(StepTiming::from_samples(&mut samples))
+    };
+    let launch_gpu = gpu(LaunchMode::Launch)?;
+    let graph_gpu = gpu(LaunchMode::Graph)?;
+    Ok(BenchResult {
+        shape: sh,
+        launch_wall: ex.launch_timing.expect("timed"),
+        graph_wall: ex.graph_timing.expect("timed"),
+        launch_gpu,
+        graph_gpu,
+        floor_bytes: memory_floor_bytes(cfg, &sh, inputs.n_cached),
+        select_variant: ex.select_variant,
     })
 }
