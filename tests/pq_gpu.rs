@@ -1,0 +1,340 @@
+//! The GPU pipeline against the CPU reference (f64) on fresh random inputs, by the spec's
+//! correctness rule (exact heavy sets where scores are well separated), for many shapes:
+//! the reference and large workloads, both metrics, GQA, bf16/fp16, the short path, S
+//! just above the threshold, init_offset < sink, bulk quantization, B > 1.
+//!
+//! Every case poisons the outputs first, runs the step with plain launches and again as
+//! a CUDA graph, and requires the two to be bit-identical. Skipped, saying so, on a
+//! machine without a CUDA driver or device.
+
+use std::sync::Arc;
+
+use tritonrt::kernel::Runtime;
+use tritonrt::pq::gpu::{execute, open_runtime};
+use tritonrt::pq::{check, check_exact, DType, Metric, PqConfig, PqInputs, Shape};
+
+fn runtime() -> Option<Arc<Runtime>> {
+    let ptx = std::env::var("TRITONRT_PTX_CACHE")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache").to_string());
+    match open_runtime(0, std::path::Path::new(&ptx)).expect("opening the runtime") {
+        Ok(rt) => Some(rt),
+        Err(why) => {
+            eprintln!("SKIP: GPU pipeline tests need a CUDA device: {why}");
+            None
+        }
+    }
+}
+
+/// Fresh seed per run (printed, so a failure can be replayed with TRITONRT_TEST_SEED).
+fn seed() -> u64 {
+    let s = std::env::var("TRITONRT_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("seed {s} (set TRITONRT_TEST_SEED={s} to replay)");
+    s
+}
+
+#[derive(Clone, Copy)]
+struct Case {
+    name: &'static str,
+    cfg: PqConfig,
+    shape: Shape,
+    /// Keys already quantized; None: S - 1 - init_offset (one new key).
+    n_cached: Option<usize>,
+    /// Well-separated small-integer inputs, checked exactly.
+    exact: bool,
+}
+
+fn base() -> PqConfig {
+    PqConfig::reference_workload()
+}
+
+fn sh(b: usize, h: usize, h_kv: usize, s: usize, d: usize) -> Shape {
+    Shape { b, h, h_kv, s, d }
+}
+
+fn cases() -> Vec<Case> {
+    let r = base();
+    let thr = r.short_threshold();
+    let c = |name, cfg, shape| Case {
+        name,
+        cfg,
+        shape,
+        n_cached: None,
+        exact: false,
+    };
+    let mut v = vec![
+        c("reference workload", r, sh(1, 32, 32, 32000, 128)),
+        c("large workload", r, sh(4, 32, 32, 131072, 128)),
+        c(
+            "metric ip",
+            PqConfig {
+                metric: Metric::Ip,
+                ..r
+            },
+            sh(1, 32, 32, 32000, 128),
+        ),
+        c("GQA G=4", r, sh(1, 32, 8, 8192, 128)),
+        c(
+            "GQA G=8 B=2 ip",
+            PqConfig {
+                metric: Metric::Ip,
+                ..r
+            },
+            sh(2, 16, 2, 6000, 128),
+        ),
+        c(
+            "bf16 in, bf16 weights",
+            PqConfig {
+                input_dtype: DType::BF16,
+                weight_dtype: DType::BF16,
+                ..r
+            },
+            sh(1, 32, 32, 16384, 128),
+        ),
+        c(
+            "fp16 in, fp32 weights",
+            PqConfig {
+                input_dtype: DType::F16,
+                ..r
+            },
+            sh(1, 8, 8, 9000, 128),
+        ),
+        c(
+            "fp32 in, fp16 weights",
+            PqConfig {
+                weight_dtype: DType::F16,
+                ..r
+            },
+            sh(2, 4, 4, 7000, 128),
+        ),
+        c("short path at the threshold", r, sh(1, 8, 8, thr, 128)),
+        c("short path, tiny S", r, sh(2, 4, 2, 5, 128)),
+        c(
+            "S = threshold + 1 (fewer candidates than heavy)",
+            r,
+            sh(1, 8, 8, thr + 1, 128),
+        ),
+        c("S = threshold + 40", r, sh(1, 8, 4, thr + 40, 128)),
+        c(
+            "init_offset < sink",
+            PqConfig {
+                init_offset: 16,
+                sink_size: 64,
+                ..r
+            },
+            sh(1, 8, 8, 3000, 128),
+        ),
+        c(
+            "init_offset = 0",
+            PqConfig {
+                init_offset: 0,
+                ..r
+            },
+            sh(1, 8, 8, 4000, 128),
+        ),
+        c(
+            "heavy 256",
+            PqConfig {
+                heavy_size: 256,
+                ..r
+            },
+            sh(1, 16, 16, 20000, 128),
+        ),
+        c(
+            "heavy 500",
+            PqConfig {
+                heavy_size: 500,
+                ..r
+            },
+            sh(1, 8, 8, 20000, 128),
+        ),
+        c(
+            "heavy 64, sink 4, window 32",
+            PqConfig {
+                heavy_size: 64,
+                sink_size: 4,
+                window_size: 32,
+                ..r
+            },
+            sh(1, 8, 8, 10000, 128),
+        ),
+        c(
+            "bits 8, M 4, D 64",
+            PqConfig {
+                pq_bits: 8,
+                pq_group_factor: 4,
+                ..r
+            },
+            sh(1, 8, 8, 12000, 64),
+        ),
+        c(
+            "bits 4, M 1, ip bf16",
+            PqConfig {
+                pq_bits: 4,
+                pq_group_factor: 1,
+                metric: Metric::Ip,
+                input_dtype: DType::BF16,
+                ..r
+            },
+            sh(1, 8, 4, 5000, 128),
+        ),
+        c("D 96 (d_s 48)", r, sh(1, 8, 8, 9000, 96)),
+        c("S not a multiple of any block", r, sh(3, 8, 8, 32001, 128)),
+    ];
+    v.push(Case {
+        n_cached: Some(r.n_quantized(9000) - 100),
+        ..c("100 new keys (bulk quantize)", r, sh(1, 8, 4, 9000, 128))
+    });
+    v.push(Case {
+        n_cached: Some(0),
+        ..c(
+            "every key new (N_cached = 0), ip",
+            PqConfig {
+                metric: Metric::Ip,
+                ..r
+            },
+            sh(1, 4, 4, 3000, 128),
+        )
+    });
+    v.push(Case {
+        n_cached: Some(r.n_quantized(4000) - 3),
+        ..c("3 new keys (in-kernel quantize)", r, sh(2, 8, 8, 4000, 128))
+    });
+    v.push(Case {
+        exact: true,
+        ..c("small integers, exact", r, sh(1, 32, 32, 10000, 128))
+    });
+    v.push(Case {
+        exact: true,
+        ..c(
+            "small integers, exact, GQA bf16 ip",
+            PqConfig {
+                input_dtype: DType::BF16,
+                metric: Metric::Ip,
+                ..r
+            },
+            sh(2, 16, 4, 6000, 128),
+        )
+    });
+    v
+}
+
+#[test]
+fn gpu_pipeline_matches_cpu_reference() {
+    let Some(rt) = runtime() else { return };
+    let seed = seed();
+    let mut failures = Vec::new();
+    let cases = cases();
+    for (i, case) in cases.iter().enumerate() {
+        let n_cached = case
+            .n_cached
+            .unwrap_or_else(|| PqInputs::default_n_cached(&case.cfg, case.shape.s));
+        let s = seed.wrapping_add(i as u64 * 7919);
+        let inputs = if case.exact {
+            PqInputs::small_integer(&case.cfg, case.shape, n_cached, s)
+        } else {
+            PqInputs::random(&case.cfg, case.shape, n_cached, s)
+        }
+        .expect("inputs");
+        let t = std::time::Instant::now();
+        let ex = match execute(&rt, &case.cfg, &inputs, None, 0) {
+            Ok(ex) => ex,
+            Err(e) => {
+                eprintln!("FAIL {:2} {}: {e}", i, case.name);
+                failures.push(case.name);
+                continue;
+            }
+        };
+        let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
+        let report = if case.exact {
+            check_exact(&case.cfg, &inputs, &ex.output)
+        } else {
+            check(&case.cfg, &inputs, &ex.output)
+        };
+        let ok = report.passed() && ex.graph_matches;
+        eprintln!(
+            "{} {:2} {:<48} B={} H={} H_kv={} S={} D={} graph={} [{}] ({:.0} ms)",
+            if ok { "ok  " } else { "FAIL" },
+            i,
+            case.name,
+            case.shape.b,
+            case.shape.h,
+            case.shape.h_kv,
+            case.shape.s,
+            case.shape.d,
+            if ex.graph_matches {
+                "identical"
+            } else {
+                "DIFFERS"
+            },
+            report,
+            gpu_ms
+        );
+        if !ok {
+            failures.push(case.name);
+        }
+    }
+    eprintln!(
+        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases)",
+        cases.len() - failures.len(),
+        failures.len(),
+        cases.len()
+    );
+    assert!(failures.is_empty(), "failed cases: {failures:?}");
+}
+
+#[test]
+fn gpu_state_grows_and_round_trips_codes() {
+    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+    let Some(rt) = runtime() else { return };
+    let cfg = base();
+    let shape = sh(1, 8, 4, 6000, 128);
+    let n0 = 100;
+    let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
+    let stream = rt.device().new_stream().expect("stream");
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        cfg,
+        shape,
+        &inputs.centroids,
+        None,
+        None,
+    )
+    .expect("indexer");
+    ix.import_codes(&inputs.codes, n0).expect("import");
+    assert_eq!(
+        ix.export_codes().expect("export"),
+        inputs.codes,
+        "import/export round trip"
+    );
+    let cap0 = ix.capacity();
+    let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+    // decode steps S = 6000 - 3 .. 6000: the state grows past its first capacity
+    for s in [5997, 5998, 6000] {
+        ix.step(dev.query(), dev.key(), s, LaunchMode::Graph)
+            .expect("step");
+    }
+    ix.synchronize().expect("sync");
+    assert!(
+        ix.capacity() > cap0,
+        "capacity grew ({cap0} -> {})",
+        ix.capacity()
+    );
+    assert_eq!(ix.n_cached(), cfg.n_quantized(6000));
+    let out = ix.download().expect("download");
+    let report = check(&cfg, &inputs, &out);
+    assert!(report.passed(), "{report}");
+    // a step behind the state is refused with a clear error
+    let err = ix
+        .step(dev.query(), dev.key(), 5000, LaunchMode::Launch)
+        .expect_err("state ahead of the sequence");
+    assert!(err.to_string().contains("already quantized"), "{err}");
+}
