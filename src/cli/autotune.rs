@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::EXIT_OK;
+use super::{EXIT_ERROR, EXIT_OK};
 use crate::tune::{self, GpuRequest, TuneSettings, TuningTable, Workload};
 
 /// Arguments of `tritonrt autotune`.
@@ -26,11 +26,15 @@ unless --tune is also given. Order: import, tune, export, show.\n\n\
 Examples:\n  \
 tritonrt autotune                                     # tune reference and large\n  \
 tritonrt autotune --kernel pq_score_kernel_v6 --workload 2,32,8,65536,128\n  \
+tritonrt autotune --kernel pq_select --workload large --repeats 40\n  \
 tritonrt autotune --tune --export deploy/tuning.json  # tune, then ship the table\n  \
 tritonrt autotune --import deploy/tuning.json --show  # on the target machine"
 )]
 pub struct AutotuneArgs {
-    /// Logical kernel to tune (repeatable); default: every kernel in the manifest.
+    /// Logical kernel to tune (repeatable): `pq_score_kernel_v6`,
+    /// `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, `pq_score_lut.q_<qt>`; shorthands `pq_select`
+    /// (the workload's select kernel, fp32) and `pq_score_lut` (`q_fp32`). Default: those
+    /// three for each workload.
     #[arg(long = "kernel", value_name = "NAME")]
     pub kernels: Vec<String>,
 
@@ -43,6 +47,16 @@ pub struct AutotuneArgs {
     /// Timed samples per variant (each the mean of --launches-per-sample launches).
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub repeats: usize,
+
+    /// Interleaved timing rounds the samples are split over (the order of the variants
+    /// rotates each round, so clock drift hits them alike).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub rounds: usize,
+
+    /// Seed of the generated inputs (standard-normal query, keys and centroids, uniform
+    /// codes).
+    #[arg(long, value_name = "N", default_value_t = tune::gpu::DEFAULT_SEED)]
+    pub seed: u64,
 
     /// Untimed warm-up launches before each timing call.
     #[arg(long, value_name = "N", default_value_t = 10)]
@@ -106,8 +120,9 @@ pub fn autotune(args: AutotuneArgs) -> anyhow::Result<i32> {
     }
 
     let table_ops = args.import.is_some() || args.export.is_some() || args.show;
+    let mut all_tuned = true;
     if args.tune || !table_ops {
-        tune_on_gpu(&args, &table_path)?;
+        all_tuned = tune_on_gpu(&args, &table_path)?;
     }
 
     if let Some(file) = &args.export {
@@ -140,14 +155,15 @@ pub fn autotune(args: AutotuneArgs) -> anyhow::Result<i32> {
             print!("{}", tune::render_summary(table.entries()));
         }
     }
-    Ok(EXIT_OK)
+    Ok(if all_tuned { EXIT_OK } else { EXIT_ERROR })
 }
 
-fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Result<()> {
+fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Result<bool> {
     let settings = TuneSettings {
         warmup: args.warmup,
         repeats: args.repeats,
         launches_per_sample: args.launches_per_sample,
+        rounds: args.rounds,
         ..TuneSettings::default()
     };
     settings.validate()?;
@@ -164,25 +180,110 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
             .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache"))),
         kernels: args.kernels.clone(),
         workloads,
+        seed: args.seed,
     };
-    let mut session = tune::gpu_targets(&req)?;
-    let mut tuned = TuningTable::new();
-    for target in session.targets.iter_mut() {
-        let entry = tune::tune(target.as_mut(), &session.device, &settings)?;
-        println!("{}", tune::render_report(&entry));
-        tuned.insert(entry)?;
-    }
-    let stats = tuned
-        .save_merged(table_path)
-        .with_context(|| format!("saving tuning table {}", table_path.display()))?;
-    println!("winner per bucket:");
-    print!("{}", tune::render_summary(tuned.entries()));
+    let session = tune::gpu_targets(&req)?;
+    let dev = &session.device;
     println!(
-        "saved {} entries to {} ({} added, {} replaced)",
-        tuned.len(),
-        table_path.display(),
-        stats.added,
-        stats.replaced
+        "autotune on {} (sm{}, driver {}): {} target(s); ptx_cache {}; table {}",
+        dev.gpu,
+        dev.arch,
+        dev.driver_version,
+        session.targets.len(),
+        req.ptx_cache.display(),
+        table_path.display()
     );
-    Ok(())
+    println!(
+        "per variant: warm-up {} launches per call, {} samples x {} launches in {} rounds \
+         (CUDA events), outputs checked against the default variant first",
+        settings.warmup, settings.repeats, settings.launches_per_sample, settings.rounds
+    );
+    let n = session.targets.len();
+    let mut tuned = TuningTable::new();
+    let mut failed: Vec<String> = Vec::new();
+    // Tune and drop one target at a time: each holds its inputs on the GPU.
+    for (i, mut target) in session.targets.into_iter().enumerate() {
+        println!(
+            "[{}/{n}] {}: {} variants, {} input sets, bucket {}",
+            i + 1,
+            target.candidates().kernel(),
+            target.candidates().candidates().len(),
+            target.input_sets(),
+            target.bucket()
+        );
+        let t0 = std::time::Instant::now();
+        match tune::tune(target.as_mut(), &session.device, &settings) {
+            Ok(entry) => {
+                print!("{}", tune::render_report(&entry));
+                println!("  ({:.1} s)", t0.elapsed().as_secs_f64());
+                let mut one = TuningTable::new();
+                one.insert(entry.clone())?;
+                // Save after every target, so an interrupted run keeps what it measured.
+                one.save_merged(table_path)
+                    .with_context(|| format!("saving tuning table {}", table_path.display()))?;
+                tuned.insert(entry)?;
+            }
+            Err(e) => {
+                println!("  error: {e}");
+                failed.push(format!("{}: {e}", target.candidates().kernel()));
+            }
+        }
+        drop(target);
+    }
+    println!("winner per bucket (medians measured side by side in this run):");
+    print!("{}", side_by_side(tuned.entries()));
+    println!("saved {} entries to {}", tuned.len(), table_path.display());
+    if !failed.is_empty() {
+        println!("{} target(s) could not be tuned:", failed.len());
+        for f in &failed {
+            println!("  {f}");
+        }
+    }
+    Ok(failed.is_empty())
+}
+
+/// Bucket, default median, winner, winner median, speedup: one row per entry.
+fn side_by_side(entries: &[tune::TuningEntry]) -> String {
+    use std::fmt::Write as _;
+    let mut rows: Vec<&tune::TuningEntry> = entries.iter().collect();
+    rows.sort_by(|a, b| (&a.kernel, &a.bucket).cmp(&(&b.kernel, &b.bucket)));
+    let wb = rows
+        .iter()
+        .map(|e| e.bucket.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let ww = rows
+        .iter()
+        .map(|e| e.winner.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<wb$}  {:>11}  {:<ww$}  {:>10}  {:>8}",
+        "bucket", "default us", "winner", "winner us", "speedup"
+    );
+    for e in rows {
+        let med = |id: &str| {
+            e.timing(id)
+                .map(|t| format!("{:.2}", t.median_us))
+                .unwrap_or_else(|| "-".into())
+        };
+        let sp = e
+            .speedup()
+            .map(|s| format!("{s:.2}x"))
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:<wb$}  {:>11}  {:<ww$}  {:>10}  {:>8}",
+            e.bucket,
+            med(&e.default_variant),
+            e.winner,
+            med(&e.winner),
+            sp
+        );
+    }
+    out
 }
