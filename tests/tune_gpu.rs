@@ -248,6 +248,7 @@ fn autotune_small_workload_on_gpu() {
     let tmp = tempfile::tempdir().unwrap();
     // Before the runtime opens the cubin cache: the table and cubins go to the temp dir.
     std::env::set_var("TRITONRT_CACHE_DIR", tmp.path());
+    std::env::remove_var(tritonrt::tune::gpu::TABLE_ENV);
     let rt = match open_runtime(0, &ptx) {
         Ok(Ok(rt)) => rt,
         Ok(Err(why)) => {

@@ -278,13 +278,27 @@ pub fn score_bucket(kernel: &str, dtype: &str, w: &Workload, arch: u32) -> Resul
     )
 }
 
-/// The tuned select-kernel variant for this device, config and shape, from the user
-/// tuning table ([`TuningTable::open_default`]); `None` when no current entry exists or
-/// the default variant won (the caller then uses the manifest default). A corrupt table
-/// is ignored with one warning. Cost: one small file read and a few hashes; call it once
-/// per indexer.
+/// Environment variable naming the tuning table file (as `tritonrt autotune --table`);
+/// when unset or empty the default path ([`super::table::default_path`]) is used.
+pub const TABLE_ENV: &str = "TRITONRT_TUNING_TABLE";
+
+/// The tuning table the runtime reads at launch: `$TRITONRT_TUNING_TABLE` when set, else
+/// [`TuningTable::open_default`]. Never fails: a missing table is empty, a corrupt one
+/// is ignored with one warning.
+pub fn runtime_table() -> TuningTable {
+    match std::env::var_os(TABLE_ENV) {
+        Some(p) if !p.is_empty() => TuningTable::open(std::path::Path::new(&p)),
+        _ => TuningTable::open_default(),
+    }
+}
+
+/// The tuned select-kernel variant for this device, config and shape, from the runtime's
+/// tuning table ([`runtime_table`]); `None` when no current entry exists or the default
+/// variant won (the caller then uses the manifest default). A corrupt table is ignored
+/// with one warning. Cost: one small file read and a few hashes; call it once per
+/// indexer.
 pub fn tuned_select_variant(rt: &Arc<Runtime>, cfg: &PqConfig, shape: &Shape) -> Option<String> {
-    tuned_select_variant_in(&TuningTable::open_default(), rt, cfg, shape)
+    tuned_select_variant_in(&runtime_table(), rt, cfg, shape)
 }
 
 /// [`tuned_select_variant`] with an explicit table.
@@ -731,12 +745,16 @@ impl ScoreV6Target {
     }
 }
 
-fn launch_v6(
+/// A launch prepared for one input set: Triton grid and arguments in signature order.
+type Prepared = ([u32; 3], Vec<KernelArg>);
+
+/// The grid and arguments of a v6 launch on input set `s` of `st`.
+fn v6_args(
     k: &Kernel,
     d: &ScoreDims,
     st: &ScoreV6State,
     s: usize,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Prepared, String> {
     let set = &st.sets[s];
     let bk = constexpr(k, "BLOCK_KEYS")?;
     let (b, h, m, ds, kk, n) = (d.b, d.h, d.m, d.ds, d.k, d.n);
@@ -775,13 +793,18 @@ fn launch_v6(
         ],
     )?;
     let programs = b * h * set.n.div_ceil(bk.max(1));
-    let grid = [u32::try_from(programs).map_err(err_s)?, 1, 1];
-    // SAFETY: query [B,H,M,d_s], centroids [B,H,M,K,d_s], codes [B,N,H,M] (values in
-    // 0..K) and scores [B,H,N] are allocations of this state, alive until it is dropped
-    // (after the stream's work: drop order and the synchronizations in run/time); the
-    // strides above describe exactly those layouts, the kernel masks keys >= n_clustered
-    // (<= N) and d >= d_s, and every launch is on st.stream, the only stream using them.
-    unsafe { k.launch(&st.stream, grid, &args) }.map_err(err_s)
+    Ok(([u32::try_from(programs).map_err(err_s)?, 1, 1], args))
+}
+
+/// Launch `k` with `p`, prepared by [`v6_args`] for `k` on `st`.
+fn launch_v6(k: &Kernel, st: &ScoreV6State, p: &Prepared) -> std::result::Result<(), String> {
+    // SAFETY: `p` was built by v6_args from this state's buffers: query [B,H,M,d_s],
+    // centroids [B,H,M,K,d_s], codes [B,N,H,M] (values in 0..K) and scores [B,H,N] are
+    // allocations of this state, alive until it is dropped (run and time synchronize
+    // the stream before returning); v6_args's strides describe exactly those layouts,
+    // the kernel masks keys >= n_clustered (<= N) and d >= d_s, and every launch is on
+    // st.stream, the only stream using them.
+    unsafe { k.launch(&st.stream, p.0, &p.1) }.map_err(err_s)
 }
 
 fn read_f32(
@@ -831,7 +854,8 @@ impl TuneTarget for ScoreV6Target {
         stream
             .memcpy_htod(&st.poison, &mut st.sets[s].scores)
             .map_err(|e| format!("poisoning scores: {e}"))?;
-        launch_v6(&k, &d, st, s)?;
+        let p = v6_args(&k, &d, st, s)?;
+        launch_v6(&k, st, &p)?;
         stream
             .synchronize()
             .map_err(|e| format!("running {}: {e}", c.id))?;
@@ -859,7 +883,12 @@ impl TuneTarget for ScoreV6Target {
         let st = self.state()?;
         let stream = st.stream.clone();
         let st: &ScoreV6State = st;
-        time_with_events(&dev, &stream, plan, &mut |s| launch_v6(&k, &d, st, s))
+        let prepared = (0..st.sets.len())
+            .map(|s| v6_args(&k, &d, st, s))
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        time_with_events(&dev, &stream, plan, &mut |s| {
+            launch_v6(&k, st, &prepared[s])
+        })
     }
 }
 
@@ -969,13 +998,14 @@ impl ScoreLutTarget {
     }
 }
 
-fn launch_lut(
+/// The grid and arguments of a LUT-kernel launch on input set `s` of `st`.
+fn lut_args(
     k: &Kernel,
     d: &ScoreDims,
     cap: usize,
     st: &LutState,
     s: usize,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Prepared, String> {
     let set = &st.sets[s];
     let block = constexpr(k, "BLOCK")?;
     let dd = d.m * d.ds;
@@ -1003,12 +1033,17 @@ fn launch_lut(
         u32::try_from(d.b * d.h).map_err(err_s)?,
         1,
     ];
-    // SAFETY: query [B,H,D] in the kernel's dtype, centroids [B,H_kv,M,K,d_s] fp32,
-    // codes u8 [B,H_kv,M,cap] and scores [B*H, N >= n] are allocations of this state,
-    // alive until it is dropped; the kernel reads codes j < cap, writes scores j < n of
-    // each row (row stride n <= N), masks d >= d_s and c >= K; everything runs on
-    // st.stream only.
-    unsafe { k.launch(&st.stream, grid, &args) }.map_err(err_s)
+    Ok((grid, args))
+}
+
+/// Launch `k` with `p`, prepared by [`lut_args`] for `k` on `st`.
+fn launch_lut(k: &Kernel, st: &LutState, p: &Prepared) -> std::result::Result<(), String> {
+    // SAFETY: `p` was built by lut_args from this state's buffers: query [B,H,D] in the
+    // kernel's dtype, centroids [B,H_kv,M,K,d_s] fp32, codes u8 [B,H_kv,M,cap] and
+    // scores [B*H, N >= n] are allocations of this state, alive until it is dropped; the
+    // kernel reads codes j < cap, writes scores j < n of each row (row stride n <= N),
+    // masks d >= d_s and c >= K; everything runs on st.stream only.
+    unsafe { k.launch(&st.stream, p.0, &p.1) }.map_err(err_s)
 }
 
 impl TuneTarget for ScoreLutTarget {
@@ -1044,7 +1079,8 @@ impl TuneTarget for ScoreLutTarget {
         stream
             .memcpy_htod(&st.poison, &mut st.sets[s].scores)
             .map_err(|e| format!("poisoning scores: {e}"))?;
-        launch_lut(&k, &d, cap, st, s)?;
+        let p = lut_args(&k, &d, cap, st, s)?;
+        launch_lut(&k, st, &p)?;
         stream
             .synchronize()
             .map_err(|e| format!("running {}: {e}", c.id))?;
@@ -1072,7 +1108,12 @@ impl TuneTarget for ScoreLutTarget {
         let st = self.state()?;
         let stream = st.stream.clone();
         let st: &LutState = st;
-        time_with_events(&dev, &stream, plan, &mut |s| launch_lut(&k, &d, cap, st, s))
+        let prepared = (0..st.sets.len())
+            .map(|s| lut_args(&k, &d, cap, st, s))
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        time_with_events(&dev, &stream, plan, &mut |s| {
+            launch_lut(&k, st, &prepared[s])
+        })
     }
 }
 
