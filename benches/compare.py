@@ -1,0 +1,219 @@
+"""Side-by-side benchmark of the PQCache decode step, one run, one device, same inputs.
+
+Implementations timed (median per step over --steps steps after a warm-up; wall-clock =
+host timer around step + torch.cuda.synchronize(); GPU time = CUDA events around the step):
+
+1. tritonrt, plain kernel launches from Rust           (`tritonrt bench`)
+2. tritonrt, CUDA graph replay from Rust               (`tritonrt bench`)
+3. kernels_triton/reference.py in PyTorch eager
+4. PyTorch calling our Triton kernels through Triton's Python launcher
+5. that under a torch CUDA graph
+
+`tritonrt bench --save-inputs` writes each shape's inputs (the key rows a step reads,
+query, centroids, codebook) so the Python implementations see the same bytes; the rest of
+the key cache is zero and never read. Every step quantizes one new key, as the upstream
+benchmark does. Prints a table with each one's ratio to the memory floor (bytes the step
+must move / copy bandwidth measured by `tritonrt bench` in the same run) and writes a PNG
+plot of wall-clock per step vs S.
+
+Usage (on a GPU machine with torch + triton):
+    python3 benches/compare.py --tritonrt target/release/tritonrt --out bench_out
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors import safe_open
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
+
+import reference  # noqa: E402
+from pq_select import pq_select_kernel  # noqa: E402
+
+
+def load_inputs(path):
+    with safe_open(path, "pt", device="cuda") as f:
+        meta = f.metadata()
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    S, first = int(meta["seq_len"]), int(meta["key_first"])
+    B, H_kv, _, D = t["key_tail"].shape
+    key = torch.zeros(B, H_kv, S, D, dtype=t["key_tail"].dtype, device="cuda")
+    key[:, :, first:, :] = t["key_tail"]
+    cfg = {k: int(meta[k]) for k in ("sink_size", "window_size", "heavy_size", "init_offset")}
+    return t["query"], key, t["pq_centroids"], t["pq_codebook"], meta["metric"], cfg
+
+
+class TritonStep:
+    """Our fused select kernel launched through Triton's Python launcher, on the
+    runtime's state layout (u8 codes [B, H_kv, M, cap]); the same default variant
+    tritonrt uses."""
+
+    CHUNK, K_PAD, NCB, NUM_WARPS = 8192, 128, 8, 8
+
+    def __init__(self, query, key, centroids, codebook, metric, cfg):
+        B, H, _, D = query.shape
+        H_kv, S = key.shape[1], key.shape[2]
+        M, K = centroids.shape[2], centroids.shape[3]
+        self.n_old = codebook.shape[1]
+        n = S - cfg["init_offset"]
+        cap = (n + 15) // 16 * 16
+        self.codes = torch.zeros(B, H_kv, M, cap, dtype=torch.uint8, device="cuda")
+        self.codes[..., : self.n_old] = codebook.permute(0, 2, 3, 1).to(torch.uint8)
+        n_chunks = (n + self.CHUNK - 1) // self.CHUNK
+        ctas = B * H * n_chunks
+        self.lut = torch.empty(ctas * M * K, dtype=torch.float32, device="cuda")
+        self.stage = torch.empty(ctas * 2 * self.K_PAD, dtype=torch.int64, device="cuda")
+        self.cand = torch.empty(ctas * self.K_PAD, dtype=torch.int64, device="cuda")
+        self.count = torch.zeros(B * H, dtype=torch.int32, device="cuda")
+        total = min(cfg["sink_size"], S) + min(cfg["heavy_size"], n) + min(cfg["window_size"], S)
+        self.sl = torch.empty(B, H, total, dtype=torch.int64, device="cuda")
+        self.len = torch.empty(B, H, dtype=torch.int64, device="cuda")
+        self.w = torch.empty(B, H, S, dtype=query.dtype, device="cuda")
+        self.phi = torch.zeros(1, dtype=torch.float32, device="cuda")
+        self.args = (query, key, centroids, self.phi, self.codes, self.lut, self.stage, self.cand, self.count,
+                     self.sl, self.len, self.w, H * D, D, H_kv * S * D, S * D, D, H, H // H_kv, M, K, D // M, S,
+                     self.n_old, cap, cfg["sink_size"], cfg["window_size"], cfg["heavy_size"], cfg["init_offset"],
+                     int(metric == "ip"))
+        self.grid = (n_chunks, B * H)
+
+    def __call__(self):
+        pq_select_kernel[self.grid](*self.args, CHUNK=self.CHUNK, K_PAD=self.K_PAD, NCB=self.NCB, FUSE=1,
+                                    BLOCK_C=64, BLOCK_DS=32, BLK=32, num_warps=self.NUM_WARPS, num_stages=1)
+        return self.sl, self.len, self.w
+
+
+def time_fn(fn, steps):
+    for _ in range(max(3, steps // 10)):
+        fn()
+    torch.cuda.synchronize()
+    wall, gpu = [], []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(steps):
+        t = time.perf_counter()
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t) * 1e6)
+        gpu.append(e0.elapsed_time(e1) * 1e3)
+    return statistics.median(wall), statistics.median(gpu)
+
+
+def heavy_ok(ref_scores, sl, cfg, S):
+    """The spec's rule on the heavy part: every chosen score >= every unchosen candidate's
+    minus 1e-4 (1 + |score|); ref_scores [B, H, n] fp32 recomputed by the reference."""
+    io, win = cfg["init_offset"], min(cfg["window_size"], S)
+    w0 = max(0, S - win - io)
+    cand = ref_scores[:, :, :w0]
+    chosen = torch.zeros_like(cand, dtype=torch.bool)
+    j = sl - io
+    valid = (j >= 0) & (j < w0)
+    chosen.scatter_(2, torch.where(valid, j, 0), valid)
+    lo = torch.where(chosen, cand, torch.inf).amin(-1)
+    hi = torch.where(chosen, -torch.inf, cand).amax(-1)
+    return bool((lo >= hi - 1e-4 * (1 + hi.abs())).all())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tritonrt", default=os.path.join(HERE, "..", "target", "release", "tritonrt"))
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seq-lens", default="4096,8192,16384,32000,65536,131072")
+    ap.add_argument("--no-large", action="store_true", help="skip the large workload (B=4, S=131072)")
+    ap.add_argument("--inputs-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tritonrt_bench_inputs"),
+                    help="where tritonrt bench writes each shape's inputs (large: ~0.3 GB)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    inputs_dir = a.inputs_dir
+
+    runs = [("reference", a.seq_lens)] + ([] if a.no_large else [("large", "131072")])
+    rust = []
+    for workload, lens in runs:
+        js = os.path.join(a.out, f"rust_{workload}.json")
+        cmd = [a.tritonrt, "bench", "--workload", workload, "--seq-lens", lens, "--steps", str(a.steps),
+               "--json", js, "--save-inputs", os.path.join(inputs_dir, workload)]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        rust += [dict(r, workload=workload) for r in json.load(open(js))]
+
+    rows = []
+    for r in rust:
+        S = r["s"]
+        path = os.path.join(inputs_dir, r["workload"], f"bench_S{S}.safetensors")
+        q, k, c, cb, metric, cfg = load_inputs(path)
+        eager = lambda: reference.indexer_step(q, k, c, cb, None, metric=metric, **cfg)  # noqa: E731
+        ts = TritonStep(q, k, c, cb, metric, cfg)
+        # correctness of the Triton-launcher step against the reference's scores
+        sl_ref, _, w_ref, cb_new = eager()
+        sl, ln, w = ts()
+        torch.cuda.synchronize()
+        B, H, _, D = q.shape
+        M = c.shape[2]
+        n = S - cfg["init_offset"]
+        lut = torch.einsum("bgmkd,bgimd->bgimk", c[..., : D // M].float(),
+                           q.float().reshape(B, k.shape[1], H // k.shape[1], M, D // M))
+        codes = cb_new.permute(0, 2, 3, 1)
+        sc = torch.gather(lut, 4, codes[:, :, None].expand(-1, -1, H // k.shape[1], -1, -1)).sum(3).reshape(B, H, n)
+        ok = heavy_ok(sc, sl, cfg, S) and bool((ln == sl_ref.shape[-1]).all()) and \
+            bool((w.float().sum(-1) == w_ref.float().sum(-1)).all())
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            ts()
+        impls = {
+            "tritonrt launch (Rust)": (r["launch_wall_us"], r["launch_gpu_us"]),
+            "tritonrt graph (Rust)": (r["graph_wall_us"], r["graph_gpu_us"]),
+            "reference.py eager": time_fn(eager, a.steps),
+            "Triton launcher (Python)": time_fn(ts, a.steps),
+            "Triton launcher + torch graph": time_fn(g.replay, a.steps),
+        }
+        for name, (wall, gpu) in impls.items():
+            rows.append(dict(workload=r["workload"], b=r["b"], s=S, impl=name, wall_us=wall, gpu_us=gpu,
+                             floor_us=r["floor_us"], check=ok if "Triton launcher" in name else None))
+        del g, ts
+        torch.cuda.empty_cache()
+
+    dev = torch.cuda.get_device_name()
+    json.dump(rows, open(os.path.join(a.out, "compare.json"), "w"), indent=1)
+    print(f"\n{dev}; copy bandwidth {rust[0]['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; "
+          f"medians of {a.steps} steps; wall = host timer around step + sync; gpu = CUDA events")
+    print(f"{'B':>2} {'S':>7} {'implementation':<31} {'wall us':>9} {'gpu us':>9} {'floor us':>8} "
+          f"{'wall/floor':>10} {'gpu/floor':>9}")
+    for x in rows:
+        chk = "" if x["check"] is None else ("  check ok" if x["check"] else "  CHECK FAILED")
+        print(f"{x['b']:>2} {x['s']:>7} {x['impl']:<31} {x['wall_us']:>9.1f} {x['gpu_us']:>9.1f} "
+              f"{x['floor_us']:>8.1f} {x['wall_us'] / x['floor_us']:>10.1f} {x['gpu_us'] / x['floor_us']:>9.1f}{chk}")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ref_rows = [x for x in rows if x["workload"] == "reference"]
+    for name in dict.fromkeys(x["impl"] for x in ref_rows):
+        pts = sorted((x["s"], x["wall_us"]) for x in ref_rows if x["impl"] == name)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    pts = sorted((x["s"], x["floor_us"]) for x in ref_rows if x["impl"] == "tritonrt graph (Rust)")
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "k--", label="memory floor")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length S (B=1, H=32, D=128, M=2, bits=6, heavy=sink=window=128)")
+    ax.set_ylabel("wall-clock per step (us, median)")
+    ax.set_title(f"PQCache decode step, {dev}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    png = os.path.join(a.out, "step_vs_seqlen.png")
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    print("plot written to", png)
+    return 0 if all(x["check"] in (None, True) for x in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,454 @@
+#!/usr/bin/env python3
+"""AOT build: compile every kernel variant declared in kernels_triton/ into ptx_cache/.
+
+    python kernels_triton/build.py            # (re)build ptx_cache/ next to kernels_triton/
+    python kernels_triton/build.py --check    # build into a temp dir, compare, exit 1 if stale
+    python kernels_triton/build.py --out DIR  # build somewhere else
+
+Needs triton==3.6.0 (exactly) and no GPU or driver: it calls the compiler API
+(``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``) directly,
+where Triton's own tools/compile.py would ask a live driver for the target.
+
+For every logical kernel (``KERNELS`` in each kernel module, see kspec.py) and every
+variant: arch 80 -> ``.target sm_80`` PTX (portable: JITs on any cc >= 8.0);
+arch 90 -> ``.target sm_90a`` PTX plus its cubin. Output, per MANIFEST.md:
+``<sha256>.ptx`` / ``<sha256>.cubin`` (named by the sha256 of their own bytes) and
+``manifest.json``. Files no variant references are removed.
+
+Deterministic: every worker compiles with a fresh TRITON_CACHE_DIR, with every
+TRITON_* / MLIR_* / LLVM_* variable of the caller's environment dropped and
+TRITON_DISABLE_LINE_INFO=1 (line info embeds the absolute source path in the PTX and
+cubin, which would make the output depend on where the checkout lives). The manifest
+has sorted keys and no timestamps or paths. Two builds are byte-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE.parent / "ptx_cache"
+TRITON_VERSION = "3.6.0"
+SCHEMA_VERSION = 1
+HASHED_NAME = re.compile(r"^[0-9a-f]{64}\.(ptx|cubin)$")
+
+# PTX parameter spelling of each Triton type (after `.param`).
+PTX_PARAM = {
+    "i1": ".u8", "i8": ".u8", "i16": ".u16", "i32": ".u32", "u32": ".u32", "i64": ".u64", "u64": ".u64",
+    "fp16": ".b16", "bf16": ".b16", "fp32": ".f32", "fp64": ".f64",
+}
+
+
+# ----------------------------------------------------------------------------------
+# discovery
+
+
+def kernel_modules() -> list[str]:
+    """Names of the modules in kernels_triton/ that declare ``KERNELS`` (found by
+    reading the text, so modules that need torch are never imported)."""
+    mods = []
+    for p in sorted(HERE.glob("*.py")):
+        if p.name in ("build.py", "kspec.py"):
+            continue
+        if re.search(r"^KERNELS\s*[:=]", p.read_text(), re.MULTILINE):
+            mods.append(p.stem)
+    return mods
+
+
+def load_kernels(mods: list[str]):
+    """Import the modules and return ``[(module, Kernel), ...]`` after validating each."""
+    import importlib
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    out = []
+    names = set()
+    for m in mods:
+        module = importlib.import_module(m)
+        for k in module.KERNELS:
+            k.validate()
+            if k.name in names:
+                raise SystemExit(f"error: logical kernel {k.name} declared twice")
+            names.add(k.name)
+            out.append((m, k))
+    return out
+
+
+def variant_id(kernel, variant, arch) -> str:
+    ce = dict(kernel.fixed)
+    ce.update(dict(variant.constexprs))
+    parts = [kernel.name] + [f"{k}={_fmt(v)}" for k, v in sorted(ce.items())]
+    return ".".join(parts) + f".w{variant.num_warps}.s{variant.num_stages}.sm{arch}"
+
+
+def _fmt(v):
+    if isinstance(v, bool):
+        return str(int(v))
+    return str(v)
+
+
+def jobs_for(kernels):
+    jobs = []
+    for mod, k in kernels:
+        for arch in sorted(k.variants):
+            for vi, v in enumerate(k.variants[arch]):
+                jobs.append((mod, k.name, arch, vi, variant_id(k, v, arch)))
+    ids = [j[4] for j in jobs]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise SystemExit(f"error: duplicate variant ids: {dup[:5]}")
+    return jobs
+
+
+# ----------------------------------------------------------------------------------
+# worker (runs in a spawned process)
+
+_WORKER_CACHE = {}
+
+
+def _worker_init(cache_dir: str):
+    for key in list(os.environ):
+        if key.startswith(("TRITON_", "MLIR_", "LLVM_")):
+            del os.environ[key]
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+    os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+
+
+def _find_kernel(mod: str, name: str):
+    key = (mod, name)
+    if key not in _WORKER_CACHE:
+        import importlib
+        module = importlib.import_module(mod)
+        for k in module.KERNELS:
+            _WORKER_CACHE[(mod, k.name)] = k
+    return _WORKER_CACHE[key]
+
+
+def compile_job(job):
+    """Compile one (kernel, variant, arch); return what the manifest and files need."""
+    mod, name, arch, vi, vid = job
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    k = _find_kernel(mod, name)
+    v = k.variants[arch][vi]
+    constexprs = dict(k.fixed)
+    constexprs.update(dict(v.constexprs))
+    arg_types = {a.name: a.type for a in k.args}
+    signature = {}
+    attrs = {}
+    for idx, p in enumerate(k.fn.params):
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+        else:
+            signature[p.name] = arg_types[p.name]
+    for a in k.args:
+        if a.div16:
+            attrs[(k.fn.arg_names.index(a.name), )] = [["tt.divisibility", 16]]
+    src = ASTSource(k.fn, signature, constexprs, attrs)
+    t0 = time.time()
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1})
+    dt = time.time() - t0
+    md = ck.metadata._asdict()
+    ptx = ck.asm["ptx"]
+    cubin = ck.asm["cubin"] if arch >= 90 else None
+    regs = re.findall(r"Used (\d+) registers", log.getvalue())
+    spill = re.findall(r"(\d+) bytes spill stores", log.getvalue())
+    stack = re.findall(r"(\d+) bytes stack frame", log.getvalue())
+    return {
+        "job": job,
+        "seconds": dt,
+        "ptx": ptx,
+        "cubin": cubin,
+        "entry": md["name"],
+        "shared": int(md["shared"] or 0),
+        "num_warps": int(md["num_warps"]),
+        "num_stages": int(md["num_stages"]),
+        "num_ctas": int(md["num_ctas"]),
+        "global_scratch_size": int(md["global_scratch_size"] or 0),
+        "global_scratch_align": int(md["global_scratch_align"] or 1),
+        "profile_scratch_size": int(md["profile_scratch_size"] or 0),
+        "profile_scratch_align": int(md["profile_scratch_align"] or 1),
+        "launch_pdl": bool(md["launch_pdl"]),
+        "launch_cooperative_grid": bool(md["launch_cooperative_grid"]),
+        "triton_version": md["triton_version"],
+        "registers": int(regs[-1]) if regs else None,
+        "spill_bytes": int(spill[-1]) if spill else None,
+        "stack_bytes": int(stack[-1]) if stack else None,
+    }
+
+
+# ----------------------------------------------------------------------------------
+# PTX checks
+
+
+def ptx_facts(ptx: str, entry: str):
+    """(ptx_version, target, [param type strings]) read off the PTX text."""
+    ver = re.search(r"^\.version\s+(\d+\.\d+)", ptx, re.MULTILINE)
+    tgt = re.search(r"^\.target\s+(\w+)", ptx, re.MULTILINE)
+    ent = re.search(r"\.visible\s+\.entry\s+" + re.escape(entry) + r"\s*\(([^)]*)\)", ptx)
+    if not (ver and tgt and ent):
+        raise RuntimeError(f"cannot read .version/.target/.entry {entry} from the PTX")
+    params = [p.strip() for p in ent.group(1).split(",") if p.strip()]
+    return ver.group(1), tgt.group(1), params
+
+
+def check_abi(kernel, params, vid):
+    """Triton 3.6 launch ABI: the non-constexpr args in order, then global_scratch and
+    profile_scratch (two global pointers). Verified against the PTX `.entry`."""
+    want = len(kernel.args) + 2
+    if len(params) != want:
+        raise RuntimeError(f"{vid}: PTX .entry has {len(params)} params, expected {want} "
+                           f"({len(kernel.args)} args + global_scratch + profile_scratch)")
+    for a, p in zip(kernel.args, params):
+        if a.type.startswith("*"):
+            ok = p.startswith(".param .u64 .ptr .global")
+        else:
+            ok = p.startswith(".param " + PTX_PARAM[a.type] + " ")
+        if not ok:
+            raise RuntimeError(f"{vid}: argument {a.name} ({a.type}) has PTX param {p!r}")
+    for p, what in zip(params[-2:], ("global_scratch", "profile_scratch")):
+        if not p.startswith(".param .u64 .ptr .global"):
+            raise RuntimeError(f"{vid}: trailing {what} param is {p!r}, expected a global pointer")
+
+
+# ----------------------------------------------------------------------------------
+# build
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def atomic_write(path: Path, data: bytes):
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def build(out: Path, jobs: int, quiet: bool = False) -> dict:
+    mods = kernel_modules()
+    kernels = load_kernels(mods)
+    by_name = {k.name: (m, k) for m, k in kernels}
+    todo = jobs_for(kernels)
+    src_hash = {m: sha256((HERE / f"{m}.py").read_bytes()) for m in mods}
+    if not quiet:
+        print(f"build: triton {TRITON_VERSION}, {len(kernels)} logical kernels, {len(todo)} variants, "
+              f"{jobs} worker(s) -> {out}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="tritonrt-build-") as tmp:
+        ctx = multiprocessing.get_context("spawn")
+        caches = [os.path.join(tmp, f"cache{i}") for i in range(jobs)]
+        # one fresh Triton cache per worker process; the initializer picks one by pid order
+        counter = ctx.Value("i", 0)
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_indexed,
+                                    initargs=(counter, caches)) as pool:
+            futs = {pool.submit(compile_job, j): j for j in todo}
+            done = 0
+            for fut in cf.as_completed(futs):
+                job = futs[fut]
+                try:
+                    r = fut.result()
+                except Exception as e:  # noqa: BLE001 - report which variant failed
+                    for f in futs:
+                        f.cancel()
+                    raise SystemExit(f"error: compiling {job[4]} failed: {type(e).__name__}: {e}")
+                done += 1
+                results.append(r)
+                if not quiet:
+                    print(f"[{done}/{len(todo)}] {job[4]} ({r['seconds']:.1f} s, {r['registers']} regs)",
+                          flush=True)
+    variants = []
+    files = {}
+    for r in results:
+        mod, name, arch, vi, vid = r["job"]
+        _, k = by_name[name]
+        v = k.variants[arch][vi]
+        ptx_bytes = r["ptx"].encode()
+        ver, tgt, params = ptx_facts(r["ptx"], r["entry"])
+        want_tgt = "sm_90a" if arch == 90 else f"sm_{arch}"
+        if tgt != want_tgt:
+            raise SystemExit(f"error: {vid}: PTX .target {tgt}, expected {want_tgt}")
+        check_abi(k, params, vid)
+        if r["triton_version"] != TRITON_VERSION:
+            raise SystemExit(f"error: {vid}: compiled by triton {r['triton_version']}")
+        ce = dict(k.fixed)
+        ce.update(dict(v.constexprs))
+        entry = {
+            "id": vid,
+            "kernel": k.name,
+            "entry": r["entry"],
+            "source": f"{mod}.py",
+            "source_hash": src_hash[mod],
+            "signature": [{"name": a.name, "type": a.type, "divisibility": 16 if a.div16 else 1} for a in k.args],
+            "constexprs": ce,
+            "num_warps": r["num_warps"],
+            "num_stages": r["num_stages"],
+            "num_ctas": r["num_ctas"],
+            "cluster_dims": [r["num_ctas"], 1, 1],
+            "shared": r["shared"],
+            "global_scratch_size": r["global_scratch_size"],
+            "global_scratch_align": r["global_scratch_align"],
+            "profile_scratch_size": r["profile_scratch_size"],
+            "profile_scratch_align": r["profile_scratch_align"],
+            "launch_pdl": r["launch_pdl"],
+            "launch_cooperative_grid": r["launch_cooperative_grid"],
+            "arch": arch,
+            "ptx_target": tgt,
+            "ptx_version": ver,
+            "default": bool(v.default),
+            "registers": r["registers"],
+            "spill_bytes": r["spill_bytes"],
+            "ptx": _file_ref(ptx_bytes, "ptx", files),
+        }
+        if r["cubin"] is not None:
+            entry["cubin"] = _file_ref(r["cubin"], "cubin", files)
+        variants.append(entry)
+    variants.sort(key=lambda e: e["id"])
+    manifest = {"schema_version": SCHEMA_VERSION, "triton_version": TRITON_VERSION, "variants": variants}
+    for fname, data in sorted(files.items()):
+        p = out / fname
+        if not (p.exists() and p.read_bytes() == data):
+            atomic_write(p, data)
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write(out / "manifest.json", text.encode())
+    stale = [p for p in out.iterdir() if HASHED_NAME.match(p.name) and p.name not in files]
+    for p in stale:
+        p.unlink()
+    size = sum((out / f).stat().st_size for f in files) + len(text)
+    if not quiet:
+        print(f"build: wrote {len(variants)} variants, {len(files)} files ({size / 1e6:.1f} MB), "
+              f"removed {len(stale)} stale, {time.time() - t0:.0f} s", flush=True)
+    return manifest
+
+
+_CACHES = None
+
+
+def _init_indexed(counter, caches):
+    with counter.get_lock():
+        i = counter.value
+        counter.value += 1
+    _worker_init(caches[i % len(caches)] + f"-{os.getpid()}")
+
+
+def _file_ref(data: bytes, ext: str, files: dict) -> dict:
+    h = sha256(data)
+    name = f"{h}.{ext}"
+    files[name] = data
+    return {"file": name, "sha256": h, "size": len(data)}
+
+
+# ----------------------------------------------------------------------------------
+# --check
+
+
+def check(repo_out: Path, jobs: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="tritonrt-check-") as tmp:
+        fresh = Path(tmp)
+        build(fresh, jobs)
+        problems = []
+        want = {p.name: p for p in fresh.iterdir()}
+        have = {p.name: p for p in repo_out.iterdir()} if repo_out.is_dir() else {}
+        have = {n: p for n, p in have.items() if HASHED_NAME.match(n) or n == "manifest.json"}
+        owners = {}
+        try:
+            fresh_manifest = json.loads((fresh / "manifest.json").read_text())
+        except (OSError, ValueError) as e:
+            print(f"error: the fresh build's manifest is unreadable: {e}")
+            return 1
+        for v in fresh_manifest["variants"]:
+            for kind in ("ptx", "cubin"):
+                if kind in v:
+                    owners.setdefault(v[kind]["file"], []).append(v["id"])
+        for n in sorted(set(want) | set(have)):
+            if n not in have:
+                problems.append(f"missing: {repo_out / n} (needed by {', '.join(owners.get(n, ['the manifest']))})")
+            elif n not in want:
+                problems.append(f"extra: {repo_out / n} (no variant references it)")
+            elif want[n].read_bytes() != have[n].read_bytes():
+                problems.append(f"differs: {repo_out / n}")
+        if "manifest.json" in have and "manifest.json" in want:
+            try:
+                old = json.loads(have["manifest.json"].read_text())
+                old_v = {v["id"]: v for v in old.get("variants", [])}
+            except (OSError, ValueError) as e:
+                problems.append(f"manifest.json unreadable: {e}")
+                old_v = {}
+            new_v = {v["id"]: v for v in fresh_manifest["variants"]}
+            for vid in sorted(set(old_v) | set(new_v)):
+                if vid not in old_v:
+                    problems.append(f"variant missing from the committed manifest: {vid}")
+                elif vid not in new_v:
+                    problems.append(f"variant no longer declared: {vid}")
+                elif old_v[vid] != new_v[vid]:
+                    keys = sorted(k for k in set(old_v[vid]) | set(new_v[vid]) if old_v[vid].get(k) != new_v[vid].get(k))
+                    problems.append(f"variant differs: {vid} (fields: {', '.join(keys)})")
+        if problems:
+            print(f"build.py --check: {repo_out} is stale ({len(problems)} problem(s)); rebuild with "
+                  f"`python kernels_triton/build.py`:")
+            for p in problems:
+                print("  " + p)
+            return 1
+        print(f"build.py --check: {repo_out} is up to date")
+        return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="build into a temp dir and compare with --out")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default: ptx_cache/)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--list", action="store_true", help="list the variants and exit")
+    args = ap.parse_args(argv)
+    try:
+        import triton
+    except ImportError:
+        print(f"error: triton is not installed; this build needs triton=={TRITON_VERSION} "
+              f"(pip install triton=={TRITON_VERSION})", file=sys.stderr)
+        return 2
+    if triton.__version__ != TRITON_VERSION:
+        print(f"error: this build needs triton=={TRITON_VERSION} exactly (artifacts, the launch ABI and "
+              f"the manifest are pinned to it); found triton {triton.__version__} at {triton.__file__}",
+              file=sys.stderr)
+        return 2
+    if args.list:
+        for j in jobs_for(load_kernels(kernel_modules())):
+            print(j[4])
+        return 0
+    if args.check:
+        return check(args.out, args.jobs)
+    build(args.out, args.jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
