@@ -137,7 +137,7 @@ def main():
     runs = [("reference", a.seq_lens)] + ([] if a.no_large else [("large", "131072")])
     rust = []
     for workload, lens in runs:
-        js = os.path.join(a.out, f"rust_{workload}.json")
+        js = os.path.join(inputs_dir, f"rust_{workload}.json")
         cmd = [a.tritonrt, "bench", "--workload", workload, "--seq-lens", lens, "--steps", str(a.steps),
                "--json", js, "--save-inputs", os.path.join(inputs_dir, workload)]
         print("$", " ".join(cmd), flush=True)
