@@ -112,10 +112,13 @@ def heavy_ok(ref_scores, sl, cfg, S):
     io, win = cfg["init_offset"], min(cfg["window_size"], S)
     w0 = max(0, S - win - io)
     cand = ref_scores[:, :, :w0]
-    chosen = torch.zeros_like(cand, dtype=torch.bool)
+    # one extra slot (index w0) takes every sink/window entry, so no entry that is not a
+    # heavy candidate can overwrite a chosen one (scatter order is unspecified)
+    chosen = torch.zeros(*cand.shape[:2], w0 + 1, dtype=torch.bool, device=cand.device)
     j = sl - io
     valid = (j >= 0) & (j < w0)
-    chosen.scatter_(2, torch.where(valid, j, 0), valid)
+    chosen.scatter_(2, torch.where(valid, j, w0), True)
+    chosen = chosen[:, :, :w0]
     lo = torch.where(chosen, cand, torch.inf).amin(-1)
     hi = torch.where(chosen, -torch.inf, cand).amax(-1)
     return bool((lo >= hi - 1e-4 * (1 + hi.abs())).all())

@@ -481,6 +481,8 @@ fn quiet() -> TuneSettings {
         launches_per_sample: 5,
         rounds: 3,
         progress: false,
+        // the dummy's times are fake; the budget is tested on its own below
+        budget_s_per_candidate: 0.0,
         ..TuneSettings::default()
     }
 }
@@ -492,6 +494,29 @@ fn id(s: &str) -> String {
 // ---------------------------------------------------------------------------------
 // The tuning procedure
 // ---------------------------------------------------------------------------------
+
+#[test]
+fn tune_budget_caps_samples_of_slow_kernels() -> Result<(), String> {
+    // a dummy whose launches "take" 10 ms: 30 samples x 5 launches would be 1.5 s per
+    // candidate; a 0.22 s budget allows 4 samples (no fewer than the 3 rounds).
+    let mut t = Dummy::new(
+        &[
+            ("BLOCK_KEYS=128.w4.s2", true, Behaviour::Good(10_000.0)),
+            ("BLOCK_KEYS=512.w8.s3", false, Behaviour::Good(5_000.0)),
+        ],
+        seed(),
+    );
+    let settings = TuneSettings {
+        budget_s_per_candidate: 0.22,
+        ..quiet()
+    };
+    let e = tune(&mut t, &h100(), &settings).map_err(|e| e.to_string())?;
+    for tm in &e.timings {
+        assert_eq!(tm.count, 4, "{}: samples under the budget", tm.id);
+    }
+    assert_eq!(e.winner, id("BLOCK_KEYS=512.w8.s3"));
+    Ok(())
+}
 
 #[test]
 fn tune_picks_fastest_valid_variant() {

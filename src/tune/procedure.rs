@@ -49,6 +49,11 @@ pub struct TuneSettings {
     pub min_speedup: f64,
     /// Draw a progress bar on stderr (hidden anyway when stderr is not a terminal).
     pub progress: bool,
+    /// Upper bound on the timed launches of one candidate, in seconds of GPU time
+    /// estimated from the default's first samples: `repeats` shrinks (to no fewer than
+    /// `rounds` samples) so that slow kernels on large workloads finish in bounded time.
+    /// 0 disables the bound.
+    pub budget_s_per_candidate: f64,
 }
 
 impl Default for TuneSettings {
@@ -61,6 +66,7 @@ impl Default for TuneSettings {
             rounds: 4,
             min_speedup: 0.01,
             progress: true,
+            budget_s_per_candidate: 0.5,
         }
     }
 }
@@ -404,8 +410,26 @@ pub fn tune(
     }
     pb.finish_and_clear();
 
-    // 3. Time, interleaved in rounds.
-    let per_round = split_even(settings.repeats, rounds);
+    // 3. Time, interleaved in rounds. Estimate one launch from a few samples of the
+    //    default first, and shrink the sample count to the per-candidate budget.
+    let mut repeats = settings.repeats;
+    if settings.budget_s_per_candidate > 0.0 {
+        let probe = TimingPlan {
+            warmup: settings.warmup,
+            samples: 3,
+            launches_per_sample: settings.launches_per_sample,
+            input_sets: n_sets,
+        };
+        if let Ok(v) = target.time(&default, &probe) {
+            if let Some(st) = TimingStats::from_samples(&v) {
+                let per_sample_s =
+                    st.median_us.max(1e-3) * 1e-6 * settings.launches_per_sample as f64;
+                let fit = (settings.budget_s_per_candidate / per_sample_s).floor() as usize;
+                repeats = fit.clamp(rounds, settings.repeats);
+            }
+        }
+    }
+    let per_round = split_even(repeats, rounds);
     let pb = progress_bar(
         rounds * valid.len(),
         settings.progress,
