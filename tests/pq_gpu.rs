@@ -244,7 +244,7 @@ fn gpu_pipeline_matches_cpu_reference() {
         }
         .expect("inputs");
         let t = std::time::Instant::now();
-        let ex = match execute(&rt, &case.cfg, &inputs, None, 0) {
+        let ex = match execute(&rt, &case.cfg, &inputs, None, 0, false) {
             Ok(ex) => ex,
             Err(e) => {
                 eprintln!("FAIL {:2} {}: {e}", i, case.name);

@@ -348,7 +348,7 @@ fn autotune_small_workload_on_gpu() {
     .unwrap();
     let mut outs = Vec::new();
     for id in [&sel.winner, &sel.default_variant] {
-        let ex = execute(&rt, &cfg, &inputs, Some(id), 0).unwrap();
+        let ex = execute(&rt, &cfg, &inputs, Some(id), 0, false).unwrap();
         assert_eq!(&ex.select_variant, id);
         assert!(ex.graph_matches, "{id}: graph replay differs");
         let report = check(&cfg, &inputs, &ex.output);

@@ -231,7 +231,7 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
         drop(target);
     }
     println!("winner per bucket (medians measured side by side in this run):");
-    print!("{}", side_by_side(tuned.entries()));
+    print!("{}", tune::render_summary(tuned.entries()));
     println!("saved {} entries to {}", tuned.len(), table_path.display());
     if !failed.is_empty() {
         println!("{} target(s) could not be tuned:", failed.len());
@@ -240,50 +240,4 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
         }
     }
     Ok(failed.is_empty())
-}
-
-/// Bucket, default median, winner, winner median, speedup: one row per entry.
-fn side_by_side(entries: &[tune::TuningEntry]) -> String {
-    use std::fmt::Write as _;
-    let mut rows: Vec<&tune::TuningEntry> = entries.iter().collect();
-    rows.sort_by(|a, b| (&a.kernel, &a.bucket).cmp(&(&b.kernel, &b.bucket)));
-    let wb = rows
-        .iter()
-        .map(|e| e.bucket.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
-    let ww = rows
-        .iter()
-        .map(|e| e.winner.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<wb$}  {:>11}  {:<ww$}  {:>10}  {:>8}",
-        "bucket", "default us", "winner", "winner us", "speedup"
-    );
-    for e in rows {
-        let med = |id: &str| {
-            e.timing(id)
-                .map(|t| format!("{:.2}", t.median_us))
-                .unwrap_or_else(|| "-".into())
-        };
-        let sp = e
-            .speedup()
-            .map(|s| format!("{s:.2}x"))
-            .unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            out,
-            "{:<wb$}  {:>11}  {:<ww$}  {:>10}  {:>8}",
-            e.bucket,
-            med(&e.default_variant),
-            e.winner,
-            med(&e.winner),
-            sp
-        );
-    }
-    out
 }

@@ -226,7 +226,7 @@ pub fn run_gpu(
         Some(id) => Some(id.clone()),
         None => crate::tune::gpu::tuned_select_variant(&rt, cfg, &inputs.shape),
     };
-    let ex = pq::gpu::execute(&rt, cfg, inputs, tuned.as_deref(), a.steps)
+    let ex = pq::gpu::execute(&rt, cfg, inputs, tuned.as_deref(), a.steps, false)
         .context("GPU indexer step")?;
     say!(
         "gpu:     {} ({}), select kernel {}",

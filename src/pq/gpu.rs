@@ -1100,6 +1100,10 @@ pub struct Execution {
     pub launch_timing: Option<StepTiming>,
     /// Step timing with graph replay (None when not timed).
     pub graph_timing: Option<StepTiming>,
+    /// GPU time per step with plain launches, CUDA events (None unless asked for).
+    pub launch_gpu: Option<StepTiming>,
+    /// GPU time per step with graph replay, CUDA events (None unless asked for).
+    pub graph_gpu: Option<StepTiming>,
     /// Variant id of the select kernel.
     pub select_variant: String,
     /// Name of the GPU.
@@ -1110,7 +1114,7 @@ pub struct Execution {
 /// it, run the same step again as a captured CUDA graph and compare, then (when
 /// `timed_steps > 0`) time `timed_steps` steps of each mode after a warm-up, rewinding
 /// the state before each so every step quantizes the same new keys, as the upstream
-/// benchmark does.
+/// benchmark does; with `gpu_time`, also the GPU time of each mode (CUDA events).
 ///
 /// Errors: anything the indexer reports.
 pub fn execute(
@@ -1119,6 +1123,7 @@ pub fn execute(
     inputs: &PqInputs,
     select_variant: Option<&str>,
     timed_steps: usize,
+    gpu_time: bool,
 ) -> Result<Execution> {
     let sh = inputs.shape;
     let stream = rt.device().new_stream()?;
@@ -1150,7 +1155,12 @@ pub fn execute(
             .eq(output.weight_list.iter().map(|x| x.to_bits()))
         && g.codes == output.codes;
 
-    let mut time = |mode: LaunchMode| -> Result<Option<StepTiming>> {
+    // wall-clock (host timer around step + synchronize), then GPU time (CUDA events
+    // around each step) in a separate loop, so event records never sit inside the
+    // host-timed region
+    let events = (rt.device().new_event(true)?, rt.device().new_event(true)?);
+    let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+    let mut time = |mode: LaunchMode, gpu: bool| -> Result<Option<StepTiming>> {
         if timed_steps == 0 {
             return Ok(None);
         }
@@ -1159,21 +1169,51 @@ pub fn execute(
         for i in 0..warmup + timed_steps {
             ix.rewind(inputs.n_cached);
             let t = std::time::Instant::now();
+            if gpu {
+                events
+                    .0
+                    .record(&stream)
+                    .map_err(drv("recording an event"))?;
+            }
             ix.step(dev.query(), dev.key(), sh.s, mode)?;
+            if gpu {
+                events
+                    .1
+                    .record(&stream)
+                    .map_err(drv("recording an event"))?;
+            }
             ix.synchronize()?;
             if i >= warmup {
-                samples.push(t.elapsed().as_secs_f64() * 1e6);
+                samples.push(if gpu {
+                    events
+                        .0
+                        .elapsed_ms(&events.1)
+                        .map_err(drv("reading an event"))? as f64
+                        * 1e3
+                } else {
+                    t.elapsed().as_secs_f64() * 1e6
+                });
             }
         }
         Ok(Some(StepTiming::from_samples(&mut samples)))
     };
-    let launch_timing = time(LaunchMode::Launch)?;
-    let graph_timing = time(LaunchMode::Graph)?;
+    let launch_timing = time(LaunchMode::Launch, false)?;
+    let graph_timing = time(LaunchMode::Graph, false)?;
+    let (launch_gpu, graph_gpu) = if gpu_time {
+        (
+            time(LaunchMode::Launch, true)?,
+            time(LaunchMode::Graph, true)?,
+        )
+    } else {
+        (None, None)
+    };
     Ok(Execution {
         output,
         graph_matches,
         launch_timing,
         graph_timing,
+        launch_gpu,
+        graph_gpu,
         select_variant: ix.select_variant().to_string(),
         device_name: rt.device().name().to_string(),
     })
@@ -1264,53 +1304,21 @@ pub fn bench_shape(
     select_variant: Option<&str>,
     steps: usize,
 ) -> Result<BenchResult> {
-    let ex = execute(rt, cfg, inputs, select_variant, steps.max(1))?;
+    let ex = execute(rt, cfg, inputs, select_variant, steps.max(1), true)?;
     if !ex.graph_matches {
         return Err(Error::invalid(
             "graph replay",
             "the CUDA-graph step's outputs differ from the plain-launch step's",
         ));
     }
-    let sh = inputs.shape;
-    let stream = rt.device().new_stream()?;
-    let mut ix = GpuIndexer::new(
-        rt.clone(),
-        stream.clone(),
-        *cfg,
-        sh,
-        &inputs.centroids,
-        inputs.phi.as_deref(),
-        select_variant,
-    )?;
-    ix.import_codes(&inputs.codes, inputs.n_cached)?;
-    let dev = DeviceInputs::upload(&stream, inputs, cfg)?;
-    ix.prepare(sh.s)?;
-    let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
-    let (e0, e1) = (rt.device().new_event(true)?, rt.device().new_event(true)?);
-    let mut gpu = |mode: LaunchMode| -> Result<StepTiming> {
-        let warmup = (steps / 10).clamp(3, 50);
-        let mut samples = Vec::with_capacity(steps);
-        for i in 0..warmup + steps.max(1) {
-            ix.rewind(inputs.n_cached);
-            e0.record(&stream).map_err(drv("recording an event"))?;
-            ix.step(dev.query(), dev.key(), sh.s, mode)?;
-            e1.record(&stream).map_err(drv("recording an event"))?;
-            e1.synchronize().map_err(drv("waiting for an event"))?;
-            if i >= warmup {
-                samples.push(e0.elapsed_ms(&e1).map_err(drv("reading an event"))? as f64 * 1e3);
-            }
-        }
-        Ok(StepTiming::from_samples(&mut samples))
-    };
-    let launch_gpu = gpu(LaunchMode::Launch)?;
-    let graph_gpu = gpu(LaunchMode::Graph)?;
+    let timed = |t: Option<StepTiming>| t.expect("execute times every mode when steps > 0");
     Ok(BenchResult {
-        shape: sh,
-        launch_wall: ex.launch_timing.expect("timed"),
-        graph_wall: ex.graph_timing.expect("timed"),
-        launch_gpu,
-        graph_gpu,
-        floor_bytes: memory_floor_bytes(cfg, &sh, inputs.n_cached),
+        shape: inputs.shape,
+        launch_wall: timed(ex.launch_timing),
+        graph_wall: timed(ex.graph_timing),
+        launch_gpu: timed(ex.launch_gpu),
+        graph_gpu: timed(ex.graph_gpu),
+        floor_bytes: memory_floor_bytes(cfg, &inputs.shape, inputs.n_cached),
         select_variant: ex.select_variant,
     })
 }

@@ -674,8 +674,9 @@ pub fn render_report(entry: &TuningEntry) -> String {
     out
 }
 
-/// A one-line-per-entry summary: kernel, bucket, winner and speedup over the default,
-/// sorted by kernel then bucket (the "winner per bucket" table).
+/// A one-line-per-entry summary: bucket, the default's median, the winner, its median
+/// and its speedup over the default (both timed side by side in the entry's run), sorted
+/// by GPU, kernel, then bucket (the "winner per bucket" table).
 pub fn render_summary(entries: &[TuningEntry]) -> String {
     let mut rows: Vec<&TuningEntry> = entries.iter().collect();
     rows.sort_by(|a, b| (&a.gpu, &a.kernel, &a.bucket).cmp(&(&b.gpu, &b.kernel, &b.bucket)));
@@ -694,22 +695,30 @@ pub fn render_summary(entries: &[TuningEntry]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<wb$}  {:<ww$}  {:>10}  {:>10}  gpu",
-        "bucket", "winner", "median us", "vs default"
+        "{:<wb$}  {:>10}  {:<ww$}  {:>10}  {:>10}  gpu",
+        "bucket", "default us", "winner", "median us", "vs default"
     );
     for e in rows {
-        let median = e
-            .timing(&e.winner)
-            .map(|t| format!("{:.2}", t.median_us))
-            .unwrap_or_else(|| "-".into());
+        let median = |id: &str| {
+            e.timing(id)
+                .map(|t| format!("{:.2}", t.median_us))
+                .unwrap_or_else(|| "-".into())
+        };
         let vs = e
             .speedup()
             .map(|s| format!("{s:.2}x"))
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "{:<wb$}  {:<ww$}  {:>10}  {:>10}  {} (sm{}, driver {})",
-            e.bucket, e.winner, median, vs, e.gpu, e.arch, e.driver_version
+            "{:<wb$}  {:>10}  {:<ww$}  {:>10}  {:>10}  {} (sm{}, driver {})",
+            e.bucket,
+            median(&e.default_variant),
+            e.winner,
+            median(&e.winner),
+            vs,
+            e.gpu,
+            e.arch,
+            e.driver_version
         );
     }
     out
