@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
 
 import reference  # noqa: E402
+from compare_outputs import heavy_chosen  # noqa: E402
 from pq_select import pq_select_kernel  # noqa: E402
 
 
@@ -112,13 +113,7 @@ def heavy_ok(ref_scores, sl, cfg, S):
     io, win = cfg["init_offset"], min(cfg["window_size"], S)
     w0 = max(0, S - win - io)
     cand = ref_scores[:, :, :w0]
-    # one extra slot (index w0) takes every sink/window entry, so no entry that is not a
-    # heavy candidate can overwrite a chosen one (scatter order is unspecified)
-    chosen = torch.zeros(*cand.shape[:2], w0 + 1, dtype=torch.bool, device=cand.device)
-    j = sl - io
-    valid = (j >= 0) & (j < w0)
-    chosen.scatter_(2, torch.where(valid, j, w0), True)
-    chosen = chosen[:, :, :w0]
+    chosen = heavy_chosen(sl, S, io, w0, cfg["sink_size"], cfg["window_size"])
     lo = torch.where(chosen, cand, torch.inf).amin(-1)
     hi = torch.where(chosen, -torch.inf, cand).amax(-1)
     return bool((lo >= hi - 1e-4 * (1 + hi.abs())).all())
