@@ -1,6 +1,9 @@
 //! The `tritonrt` binary's core subcommands end to end: verify, inspect, import, warmup
 //! (without a driver), `--help`, exit codes.
 
+#[macro_use]
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -136,7 +139,7 @@ fn import_then_verify() {
 #[test]
 fn warmup_without_driver_is_a_clear_error() {
     if tritonrt::device::probe_driver().is_ok() {
-        eprintln!("SKIP: a CUDA driver is present; warmup would really run");
+        skip!("a CUDA driver is present; warmup would really run");
         return;
     }
     let t = tempfile::tempdir().unwrap();

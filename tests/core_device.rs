@@ -1,5 +1,8 @@
 //! Driver probing and PTX version rules, without a GPU.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use tritonrt::artifact::{ptx_header, ArtifactStore, PtxVersion};
@@ -73,7 +76,7 @@ fn ptx_newer_than_the_driver_is_refused_naming_both() {
 fn missing_driver_is_an_error_not_a_panic() {
     match probe_driver() {
         Ok(()) => {
-            eprintln!("SKIP: a CUDA driver is present; the no-driver message is not testable here")
+            skip!("a CUDA driver is present; the no-driver message is not testable here")
         }
         Err(e) => {
             let msg = e.to_string();

@@ -4,6 +4,9 @@
 //! the driver is refused before loading; several threads share one Runtime.
 //! Skips with a visible `SKIP:` line when no CUDA driver or device is present.
 
+#[macro_use]
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,7 +33,7 @@ fn device_or_skip(test: &str) -> Option<Arc<Device>> {
     match probe_driver().and_then(|_| Device::new(0)) {
         Ok(d) => Some(d),
         Err(e) => {
-            eprintln!("SKIP: {test}: no CUDA device: {e}");
+            skip!("{test}: no CUDA device: {e}");
             None
         }
     }

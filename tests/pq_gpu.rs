@@ -7,6 +7,9 @@
 //! a CUDA graph, and requires the two to be bit-identical. Skipped, saying so, on a
 //! machine without a CUDA driver or device.
 
+#[macro_use]
+mod common;
+
 use std::sync::Arc;
 
 use tritonrt::kernel::Runtime;
@@ -19,7 +22,7 @@ fn runtime() -> Option<Arc<Runtime>> {
     match open_runtime(0, std::path::Path::new(&ptx)).expect("opening the runtime") {
         Ok(rt) => Some(rt),
         Err(why) => {
-            eprintln!("SKIP: GPU pipeline tests need a CUDA device: {why}");
+            skip!("GPU pipeline tests need a CUDA device: {why}");
             None
         }
     }

@@ -20,6 +20,9 @@
 //!   entry's non-default winner, nothing for a stale entry and nothing (one warning) for
 //!   a corrupt table.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -252,15 +255,15 @@ fn autotune_small_workload_on_gpu() {
     let rt = match open_runtime(0, &ptx) {
         Ok(Ok(rt)) => rt,
         Ok(Err(why)) => {
-            eprintln!("SKIP: autotune_small_workload_on_gpu: no CUDA device: {why}");
+            skip!("autotune_small_workload_on_gpu: no CUDA device: {why}");
             return;
         }
         Err(e) => {
             if ptx.join("manifest.json").exists() {
                 panic!("opening the runtime on {}: {e}", ptx.display());
             }
-            eprintln!(
-                "SKIP: autotune_small_workload_on_gpu: no ptx_cache at {} ({e}); set \
+            skip!(
+                "autotune_small_workload_on_gpu: no ptx_cache at {} ({e}); set \
                  TRITONRT_PTX_CACHE",
                 ptx.display()
             );
@@ -268,8 +271,8 @@ fn autotune_small_workload_on_gpu() {
         }
     };
     if rt.store().variants(SCORE_V6).is_empty() {
-        eprintln!(
-            "SKIP: autotune_small_workload_on_gpu: {} has no PQ kernels",
+        skip!(
+            "autotune_small_workload_on_gpu: {} has no PQ kernels",
             ptx.display()
         );
         return;
