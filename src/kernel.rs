@@ -730,6 +730,104 @@ fn launch_attrs(plan: &LaunchPlan) -> Vec<sys::CUlaunchAttribute> {
     attrs
 }
 
+impl Kernel {
+    /// Point a kernel node of an instantiated CUDA graph at new arguments and a new grid
+    /// (`cuGraphExecKernelNodeSetParams`), so a captured step can follow a growing
+    /// sequence without being captured again. The node must have been captured from a
+    /// launch of this kernel; block size and shared memory stay the variant's.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kernel::launch`] (every pointer valid for what the kernel touches with
+    /// these arguments and this grid, until the graph's next replay completes), and
+    /// `exec` / `node` must be live handles of one graph, not replaying on another thread.
+    ///
+    /// Errors: argument errors as in [`pack_args`]; [`Error::Launch`] when the variant
+    /// needs scratch, a cluster, PDL or a cooperative grid (not supported for updates),
+    /// when the node runs another function, or when the driver refuses the update.
+    pub unsafe fn update_graph_node(
+        &self,
+        exec: sys::CUgraphExec,
+        node: sys::CUgraphNode,
+        grid: [u32; 3],
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let refuse = |msg: String| Error::Launch {
+            kernel: self.variant.id.clone(),
+            msg,
+        };
+        let plan = plan_launch(&self.variant, grid)?;
+        if plan.global_scratch_bytes > 0 || plan.profile_scratch_bytes > 0 || plan.needs_ex() {
+            return Err(refuse(
+                "graph node updates support plain launches only (no scratch, cluster, PDL or cooperative grid)"
+                    .to_string(),
+            ));
+        }
+        let mut slots = Vec::with_capacity(args.len() + 2);
+        pack_args_into(&self.variant, args, &mut slots)?;
+        slots.push(0);
+        slots.push(0);
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: `p` is plain data the driver fills for a live kernel node (caller's
+        // contract); zeroed is a valid bit pattern for it (pointers and integers).
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
+        sys::cuGraphKernelNodeGetParams_v2(node, &mut p)
+            .result()
+            .map_err(|e| refuse(format!("reading the graph node's parameters: {e}")))?;
+        if p.func != self.func {
+            return Err(refuse("the graph node runs another kernel".to_string()));
+        }
+        p.gridDimX = plan.grid[0];
+        p.gridDimY = plan.grid[1];
+        p.gridDimZ = plan.grid[2];
+        p.kernelParams = params.as_mut_ptr();
+        p.extra = std::ptr::null_mut();
+        // SAFETY: `params` holds one pointer per kernel parameter (checked by
+        // pack_args_into, + the two null scratch pointers), each to an 8-byte slot that
+        // outlives this call (the driver copies the values); `exec`/`node` are live
+        // (caller's contract).
+        sys::cuGraphExecKernelNodeSetParams_v2(exec, node, &p)
+            .result()
+            .map_err(|e| refuse(format!("updating the graph node: {e}")))
+    }
+}
+
+/// The kernel nodes of `graph`, in the order the driver lists them (for a graph
+/// captured from one stream: launch order).
+///
+/// # Safety
+///
+/// `graph` must be a live graph handle not modified concurrently.
+pub unsafe fn graph_kernel_nodes(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
+    let err = |what: &str, e: cudarc::driver::DriverError| Error::Launch {
+        kernel: "(graph)".to_string(),
+        msg: format!("{what}: {e}"),
+    };
+    let mut n = 0usize;
+    sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n)
+        .result()
+        .map_err(|e| err("counting graph nodes", e))?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)
+        .result()
+        .map_err(|e| err("listing graph nodes", e))?;
+    nodes.truncate(n);
+    let mut out = Vec::new();
+    for node in nodes {
+        let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        sys::cuGraphNodeGetType(node, &mut ty)
+            .result()
+            .map_err(|e| err("reading a graph node's type", e))?;
+        if ty == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+            out.push(node);
+        }
+    }
+    Ok(out)
+}
+
 impl Drop for Kernel {
     fn drop(&mut self) {
         // Scratch may be in use by queued launches: drain the context, then free. Errors

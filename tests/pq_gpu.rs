@@ -341,3 +341,46 @@ fn gpu_state_grows_and_round_trips_codes() {
         .expect_err("state ahead of the sequence");
     assert!(err.to_string().contains("already quantized"), "{err}");
 }
+
+#[test]
+fn gpu_decode_loop_updates_the_graph_in_place() {
+    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+    let Some(rt) = runtime() else { return };
+    let cfg = base();
+    // S runs 8310 ..= 8330, one new key per step; n = S - 128 crosses 8192, so the
+    // select grid grows from 1 to 2 chunks per row (CHUNK 8192) midway
+    let (s0, s1) = (8310, 8330);
+    let shape = sh(1, 8, 4, s1, 128);
+    let n0 = cfg.n_quantized(s0) - 1;
+    let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
+    let stream = rt.device().new_stream().expect("stream");
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        cfg,
+        shape,
+        &inputs.centroids,
+        None,
+        None,
+    )
+    .expect("indexer");
+    ix.import_codes(&inputs.codes, n0).expect("import");
+    let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+    ix.prepare(s1).expect("buffers for the largest step");
+    let mut captures = 0;
+    for s in s0..=s1 {
+        let info = ix
+            .step(dev.query(), dev.key(), s, LaunchMode::Graph)
+            .expect("step");
+        captures += usize::from(info.captured);
+    }
+    ix.synchronize().expect("sync");
+    eprintln!(
+        "decode loop S={s0}..={s1}: {captures} graph capture(s) for {} steps",
+        s1 - s0 + 1
+    );
+    assert_eq!(captures, 1, "one capture, then in-place updates");
+    let out = ix.download().expect("download");
+    let report = check(&cfg, &inputs, &out);
+    assert!(report.passed(), "{report}");
+}

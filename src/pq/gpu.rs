@@ -146,6 +146,13 @@ struct Kernels {
     stage: usize,
 }
 
+/// One kernel launch of a step: kernel, grid and arguments in signature order.
+struct Launch {
+    kernel: Arc<Kernel>,
+    grid: [u32; 3],
+    args: Vec<KernelArg>,
+}
+
 /// What a captured graph was captured for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct GraphKey {
@@ -161,6 +168,10 @@ struct Captured {
     /// while the state holds at least this many codes.
     n_old: usize,
     info: StepInfo,
+    /// The graph's kernel nodes, in launch order (empty: never updated, only replayed).
+    nodes: Vec<cudarc::driver::sys::CUgraphNode>,
+    /// Variant id of each node's kernel.
+    kernels: Vec<String>,
     graph: CudaGraph,
 }
 
@@ -592,14 +603,16 @@ impl GpuIndexer {
         ]
     }
 
-    /// Issue the kernels of one step at `s` with `N_cached = n_old` (no allocation).
-    fn issue(
+    /// The launches of one step at `s` with `N_cached = n_old`, in order (no allocation,
+    /// nothing issued). The comments marked `Bounds:` state why each launch stays inside
+    /// the indexer's buffers; [`GpuIndexer::issue`] relies on them.
+    fn plan(
         &self,
         query: &DeviceTensorRef,
         key: &DeviceTensorRef,
         s: usize,
         n_old: usize,
-    ) -> Result<StepInfo> {
+    ) -> Result<(StepInfo, Vec<Launch>)> {
         let st = &self.stream;
         let rows = self.shape.b * self.shape.h;
         if self.cfg.is_short(s) {
@@ -614,24 +627,29 @@ impl GpuIndexer {
                     ("S", i32_arg("S", s)?),
                 ],
             )?;
-            // SAFETY: ensure_buffers sized sparse_list for rows x s i64, weight for
+            // Bounds: ensure_buffers sized sparse_list for rows x s i64, weight for
             // rows x s elements of the weight dtype, sparse_len for rows i64; the grid
             // covers exactly s positions x rows.
-            unsafe { k.launch(st, [s.div_ceil(block) as u32, rows as u32, 1], &args)? };
-            return Ok(StepInfo {
+            let launch = Launch {
+                kernel: k.clone(),
+                grid: [s.div_ceil(block) as u32, rows as u32, 1],
+                args,
+            };
+            let info = StepInfo {
                 s,
                 total: s,
                 short: true,
                 launches: 1,
                 captured: false,
-            });
+            };
+            return Ok((info, vec![launch]));
         }
         let (h, h_kv, d) = (self.shape.h, self.shape.h_kv, self.shape.d);
         let (m, kc) = (self.cfg.m(), self.cfg.k_centroids());
         let d_s = self.cfg.d_sub(d);
         let n = self.cfg.n_quantized(s);
         let metric_ip = i32::from(self.cfg.metric == Metric::Ip);
-        let mut launches = 0;
+        let mut launches = Vec::with_capacity(2);
         let mut n_old_sel = n_old;
         if n - n_old > BULK_QUANTIZE_MIN {
             let k = &self.kernels.quantize;
@@ -655,17 +673,14 @@ impl GpuIndexer {
                     ("metric_ip", KernelArg::I32(metric_ip)),
                 ],
             )?;
-            // SAFETY: the caller vouched (DeviceTensorRef::new) for key positions
+            // Bounds: the caller vouched (DeviceTensorRef::new) for key positions
             // init_offset + n_old .. s; codes hold cap >= n keys per row (grow_codes);
             // centroids/phi were uploaded with the validated sizes.
-            unsafe {
-                k.launch(
-                    st,
-                    [(n - n_old) as u32, (self.shape.b * h_kv) as u32, 1],
-                    &args,
-                )?
-            };
-            launches += 1;
+            launches.push(Launch {
+                kernel: k.clone(),
+                grid: [(n - n_old) as u32, (self.shape.b * h_kv) as u32, 1],
+                args,
+            });
             n_old_sel = n;
         }
         let k = &self.kernels.select;
@@ -705,19 +720,34 @@ impl GpuIndexer {
                 ("metric_ip", KernelArg::I32(metric_ip)),
             ],
         )?;
-        // SAFETY: ensure_buffers sized lut/stage/cand for rows x n_chunks CTAs, codes for
+        // Bounds: ensure_buffers sized lut/stage/cand for rows x n_chunks CTAs, codes for
         // cap >= n keys, sparse_list for rows x total, weight for rows x s, sparse_len
         // and count for rows (count starts at 0 and every row's last CTA resets it); the
         // caller vouched for query (all heads) and the new key positions.
-        unsafe { k.launch(st, [n_chunks as u32, rows as u32, 1], &args)? };
-        launches += 1;
-        Ok(StepInfo {
+        launches.push(Launch {
+            kernel: k.clone(),
+            grid: [n_chunks as u32, rows as u32, 1],
+            args,
+        });
+        let info = StepInfo {
             s,
             total: self.cfg.total(s),
             short: false,
-            launches,
+            launches: launches.len(),
             captured: false,
-        })
+        };
+        Ok((info, launches))
+    }
+
+    /// Issue one step's launches on the stream.
+    fn issue(&self, launches: &[Launch]) -> Result<()> {
+        for l in launches {
+            // SAFETY: `plan` built these arguments for buffers that `ensure_buffers` sized
+            // for this step (see its `Bounds:` comments) and for caller-vouched query and
+            // key views; every launch is on this indexer's stream, in order.
+            unsafe { l.kernel.launch(&self.stream, l.grid, &l.args)? };
+        }
+        Ok(())
     }
 
     /// One decode step at sequence length `s`: quantize keys `N_cached .. s -
@@ -756,7 +786,11 @@ impl GpuIndexer {
         self.ensure_buffers(s)?;
         let n_old = self.n_cached;
         let info = match mode {
-            LaunchMode::Launch => self.issue(query, key, s, n_old)?,
+            LaunchMode::Launch => {
+                let (info, launches) = self.plan(query, key, s, n_old)?;
+                self.issue(&launches)?;
+                info
+            }
             LaunchMode::Graph => self.step_graph(query, key, s, n_old)?,
         };
         self.n_cached = n;
@@ -764,6 +798,9 @@ impl GpuIndexer {
         Ok(info)
     }
 
+    /// Graph mode: replay the captured graph when it was captured for this very step;
+    /// else, when only `S` / `N_cached` moved (same buffers, same kernels), update the
+    /// captured kernel nodes' arguments and grids in place and replay; else capture anew.
     fn step_graph(
         &mut self,
         query: &DeviceTensorRef,
@@ -777,44 +814,80 @@ impl GpuIndexer {
             key: *key,
             buffers: self.buffer_ptrs(),
         };
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
         if let Some(c) = &self.graph {
             if c.key == gkey && c.n_old <= n_old {
-                c.graph
-                    .launch()
-                    .map_err(|e| crate::device::driver_err("replaying the step graph", e))?;
+                c.graph.launch().map_err(drv("replaying the step graph"))?;
                 return Ok(c.info);
             }
         }
+        let (info, launches) = self.plan(query, key, s, n_old)?;
+        if let Some(c) = self.graph.as_mut() {
+            let same_kernels = c.nodes.len() == launches.len()
+                && c.kernels
+                    .iter()
+                    .zip(&launches)
+                    .all(|(id, l)| id == l.kernel.id());
+            if same_kernels
+                && c.key.query == gkey.query
+                && c.key.key == gkey.key
+                && c.key.buffers == gkey.buffers
+            {
+                let exec = c.graph.cu_graph_exec();
+                let updated = launches.iter().zip(&c.nodes).try_for_each(|(l, node)| {
+                    // SAFETY: the node was captured from a launch in this graph (a node of
+                    // another kernel is refused by update_graph_node); `plan` built the
+                    // arguments for buffers sized for this step (its `Bounds:` comments);
+                    // the graph is only replayed on this indexer's stream, by this (&mut)
+                    // indexer.
+                    unsafe { l.kernel.update_graph_node(exec, *node, l.grid, &l.args) }
+                });
+                if updated.is_ok() {
+                    c.key = gkey;
+                    c.n_old = n_old;
+                    c.info = info;
+                    c.graph
+                        .launch()
+                        .map_err(drv("replaying the updated step graph"))?;
+                    return Ok(info);
+                }
+                // an update the driver refused (or a node of another kernel): capture anew
+            }
+        }
         self.graph = None;
-        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
         self.stream
             .begin_capture(
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
             .map_err(drv("beginning graph capture"))?;
-        let issued = self.issue(query, key, s, n_old);
+        let issued = self.issue(&launches);
         let ended = self
             .stream
             .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-        let info = issued?;
+        issued?;
         let graph = ended
             .map_err(drv("ending graph capture"))?
             .ok_or_else(|| Error::invalid("graph capture", "the captured step graph is empty"))?;
+        // SAFETY: the graph was just instantiated and is owned by `graph`.
+        let nodes = unsafe { crate::kernel::graph_kernel_nodes(graph.cu_graph())? };
         graph.launch().map_err(drv("launching the step graph"))?;
-        let info = StepInfo {
-            captured: true,
-            ..info
-        };
         self.graph = Some(Captured {
             key: gkey,
             n_old,
-            info: StepInfo {
-                captured: false,
-                ..info
+            info,
+            // a graph whose kernel nodes do not line up with its launches is only replayed
+            nodes: if nodes.len() == launches.len() {
+                nodes
+            } else {
+                Vec::new()
             },
+            kernels: launches.iter().map(|l| l.kernel.id().to_string()).collect(),
             graph,
         });
-        Ok(info)
+        Ok(StepInfo {
+            captured: true,
+            ..info
+        })
     }
 
     /// Wait for every step issued so far.
