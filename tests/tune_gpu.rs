@@ -88,6 +88,51 @@ fn candidate_set_takes_the_variants_loaded_on_the_device() {
     );
 }
 
+/// On the real ptx_cache (when present): every tunable kernel has a candidate set on
+/// cc 9.0 made of exactly its sm_90a variants, keyed by their cubins, with the manifest
+/// default; the kernels tuned by default for each workload are all tunable.
+#[test]
+fn candidate_sets_of_the_pq_kernels() {
+    let dir = ptx_cache();
+    let Ok(store) = ArtifactStore::open(&dir) else {
+        skip!(
+            "candidate_sets_of_the_pq_kernels: no ptx_cache at {}",
+            dir.display()
+        );
+        return;
+    };
+    if store.variants(SCORE_V6).is_empty() {
+        skip!(
+            "candidate_sets_of_the_pq_kernels: {} has no PQ kernels",
+            dir.display()
+        );
+        return;
+    }
+    let names = tritonrt::tune::gpu::tunable_kernels(&store);
+    for w in [Workload::reference(), Workload::large()] {
+        for k in tritonrt::tune::gpu::default_kernels(&w).unwrap() {
+            assert!(names.contains(&k), "{k} not in {names:?}");
+        }
+    }
+    for k in &names {
+        let set = candidate_set(&store, k, (9, 0)).unwrap();
+        let all90 = store.variants(k).iter().filter(|v| v.arch == 90).count();
+        assert_eq!(set.candidates().len(), all90, "{k}");
+        for c in set.candidates() {
+            let v = store.variant(&c.id).unwrap();
+            assert_eq!(v.arch, 90);
+            assert_eq!(c.is_default, v.default, "{}", c.id);
+            assert_eq!(&c.artifact_sha256, &v.cubin.as_ref().unwrap().sha256);
+        }
+    }
+    let v6 = candidate_set(&store, SCORE_V6, (9, 0)).unwrap();
+    assert!(
+        v6.candidates().len() >= 72,
+        "v6 has {} variants",
+        v6.candidates().len()
+    );
+}
+
 #[test]
 fn gpu_targets_without_a_usable_device_is_tune_no_device() {
     let req = GpuRequest {

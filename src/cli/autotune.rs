@@ -53,6 +53,12 @@ pub struct AutotuneArgs {
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub rounds: usize,
 
+    /// GPU-time budget per variant in seconds: the samples of a slow kernel are cut
+    /// (estimated from the default's first samples, at least one per round) so that
+    /// timing one variant takes about this long. 0: no limit.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
+    pub budget_s: f64,
+
     /// Seed of the generated inputs (standard-normal query, keys and centroids, uniform
     /// codes).
     #[arg(long, value_name = "N", default_value_t = tune::gpu::DEFAULT_SEED)]
@@ -164,9 +170,15 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
         repeats: args.repeats,
         launches_per_sample: args.launches_per_sample,
         rounds: args.rounds,
+        budget_s_per_candidate: args.budget_s,
         ..TuneSettings::default()
     };
     settings.validate()?;
+    anyhow::ensure!(
+        args.budget_s.is_finite() && args.budget_s >= 0.0,
+        "--budget-s: expected a non-negative number of seconds (0: no limit), got {}",
+        args.budget_s
+    );
     let workloads = if args.workloads.is_empty() {
         vec![Workload::reference(), Workload::large()]
     } else {
