@@ -121,6 +121,18 @@ pub struct Violation {
     pub detail: String,
 }
 
+impl Violation {
+    /// A violation not tied to a row: the inputs themselves are invalid.
+    fn inputs(e: impl fmt::Display) -> Self {
+        Violation {
+            b: None,
+            h: None,
+            kind: ViolationKind::Inputs,
+            detail: e.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.b, self.h) {
@@ -286,15 +298,7 @@ pub fn check_with(
     let mut report = CheckReport::new(opts.mode);
     let max_listed = opts.max_listed;
     if let Err(e) = inputs.validate(cfg) {
-        report.push(
-            Violation {
-                b: None,
-                h: None,
-                kind: ViolationKind::Inputs,
-                detail: e.to_string(),
-            },
-            max_listed,
-        );
+        report.push(Violation::inputs(e), max_listed);
         return report;
     }
     let sh = inputs.shape;
@@ -344,15 +348,7 @@ pub fn check_with(
     let (ref_codes, n) = match updated_codes(cfg, inputs) {
         Ok(x) => x,
         Err(e) => {
-            report.push(
-                Violation {
-                    b: None,
-                    h: None,
-                    kind: ViolationKind::Inputs,
-                    detail: e.to_string(),
-                },
-                max_listed,
-            );
+            report.push(Violation::inputs(e), max_listed);
             return report;
         }
     };
@@ -380,15 +376,7 @@ pub fn check_with(
                 Some(&computed_ref)
             }
             Err(e) => {
-                report.push(
-                    Violation {
-                        b: None,
-                        h: None,
-                        kind: ViolationKind::Inputs,
-                        detail: e.to_string(),
-                    },
-                    max_listed,
-                );
+                report.push(Violation::inputs(e), max_listed);
                 return report;
             }
         },
