@@ -1,0 +1,236 @@
+"""Kernel-level check and timing of `pq_hist_kernel` through Triton's JIT (GPU, torch).
+
+For each shape: random inputs, one step (the first after an import: the combination
+histogram is counted from scratch), checked against kernels_triton/reference.py by the
+spec's rule (sink/window exact, weight_list = indicator of sparse_list, heavy set by the
+1e-4 rule, exact scores on small-integer inputs, codes equal), then a second step (S + 1,
+one new key: the steady state) checked the same way and timed: median GPU time per
+launch over a CUDA graph of --reps launches of that step (CUDA events), and the median
+wall time of one graph replay holding one launch + synchronize (host timer).
+
+    python3 benches/hist_kernel.py [--tiles 2048,4096,8192] [--warps 8,16,32]
+
+Used while developing the kernel; the Rust tests and `tritonrt bench` are the contract.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
+
+import reference  # noqa: E402
+from compare_outputs import heavy_chosen  # noqa: E402
+from pq_hist import FIXED, pq_hist_kernel  # noqa: E402
+
+SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset, small_int)
+    "reference": (1, 32, 32, 32000, 128, 2, 6, 128, 128, 128, 128, False),
+    "large": (4, 32, 32, 131072, 128, 2, 6, 128, 128, 128, 128, False),
+    "ties_int_gqa": (1, 8, 2, 20000, 64, 2, 6, 64, 64, 128, 32, True),
+    "S65536": (1, 32, 32, 65536, 128, 2, 6, 128, 128, 128, 128, False),
+    "S8192": (1, 32, 32, 8192, 128, 2, 6, 128, 128, 128, 128, False),
+}
+
+
+class Step:
+    """The indexer state of one shape plus one launch of the kernel at a given S."""
+
+    def __init__(self, shape, seed, tile, warps):
+        B, H, H_kv, S, D, M, bits, sink, win, heavy, io, small = shape
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        K = 1 << bits
+        d_s = D // M
+        S_max = S + 2
+        if small:
+            self.q = torch.randint(-3, 4, (B, H, 1, D), generator=g, device="cuda").float()
+            self.key = torch.randint(-3, 4, (B, H_kv, S_max, D), generator=g, device="cuda").float()
+            self.cent = torch.randint(-3, 4, (B, H_kv, M, K, d_s), generator=g, device="cuda").float()
+        else:
+            self.q = torch.randn(B, H, 1, D, generator=g, device="cuda")
+            self.key = torch.randn(B, H_kv, S_max, D, generator=g, device="cuda")
+            self.cent = torch.randn(B, H_kv, M, K, d_s, generator=g, device="cuda")
+        self.cfg = dict(sink_size=sink, window_size=win, heavy_size=heavy, init_offset=io)
+        n_old = S - io - 1
+        self.cb = torch.randint(0, K, (B, n_old, H_kv, M), generator=g, device="cuda")
+        self.cap = (S_max + 15) // 16 * 16
+        self.codes = torch.zeros(B, H_kv, M, self.cap, dtype=torch.uint8, device="cuda")
+        self.codes[..., :n_old] = self.cb.permute(0, 2, 3, 1).to(torch.uint8)
+        rows = B * H
+        self.hist = torch.zeros(rows, FIXED["NC"], dtype=torch.int32, device="cuda")
+        self.histn = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        self.lvl = torch.zeros(rows, FIXED["LEVELS"], FIXED["NB"], dtype=torch.int32, device="cuda")
+        self.lut = torch.zeros(rows * M * K, dtype=torch.float32, device="cuda")
+        self.phi = torch.zeros(1, dtype=torch.float32, device="cuda")
+        self.shape, self.small, self.tile, self.warps = shape, small, tile, warps
+        self.n_old = n_old
+        self.S = S
+        self.timer = 0
+
+    def prepare(self, S):
+        B, H = self.shape[0], self.shape[1]
+        s_ = min(self.cfg["sink_size"], S)
+        w_ = min(self.cfg["window_size"], S)
+        n = S - self.cfg["init_offset"]
+        total = s_ + min(self.cfg["heavy_size"], n) + w_
+        self.S = S
+        self.sl = torch.full((B, H, total), -7, dtype=torch.int64, device="cuda")
+        self.len = torch.full((B, H), -7, dtype=torch.int64, device="cuda")
+        self.w = torch.full((B, H, S), 7.0, dtype=self.q.dtype, device="cuda")  # poison
+
+    def __call__(self):
+        B, H, H_kv, _, D, M, bits = self.shape[:7]
+        Sk = self.key.shape[2]
+        c = self.cfg
+        return pq_hist_kernel[(B * H, )](
+            self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut,
+            self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits, D // M,
+            self.S, self.n_old, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], 0,
+            MP=2, NC=FIXED["NC"], NB=FIXED["NB"], LEVELS=FIXED["LEVELS"], TILE=self.tile, DT=FIXED["DT"],
+            BLOCK_C=FIXED["BLOCK_C"], BLOCK_DS=FIXED["BLOCK_DS"], TIMER=self.timer, num_warps=self.warps,
+            num_stages=1)
+
+    def phases(self):
+        """Median over rows of each phase's duration (us), from a TIMER=1 launch."""
+        self.timer = 1
+        self()
+        torch.cuda.synchronize()
+        self.timer = 0
+        B, H, M, bits = self.shape[0], self.shape[1], self.shape[5], self.shape[6]
+        t = self.lut.view(torch.int64).view(B * H, M * (1 << bits) // 2)[:, :8].double()
+        d = (t[:, 1:] - t[:, :-1]) / 1e3
+        return d.median(0).values.tolist() + [float((t[:, 7] - t[:, 0]).median() / 1e3)]
+
+
+def check(st, cb):
+    """Errors of the last launch against reference.py (empty: ok); returns (errs, codebook)."""
+    q, key, cent, cfg = st.q, st.key[:, :, :st.S], st.cent, st.cfg
+    sl, ln, w, cb2 = reference.indexer_step(q, key, cent, cb, **cfg)
+    S = st.S
+    errs = []
+    B, H = sl.shape[:2]
+    n = cb2.shape[1]
+    codes = st.codes[..., :n].permute(0, 3, 1, 2).to(torch.int64)
+    if not torch.equal(codes, cb2):
+        errs.append("codes differ")
+    if not torch.equal(st.len, ln):
+        errs.append(f"sparse_len {st.len.flatten()[:4].tolist()} vs {ln.flatten()[:4].tolist()}")
+        return errs, cb2
+    if not bool((st.sl[..., 1:] >= st.sl[..., :-1]).all()):
+        errs.append("not ascending")
+    ind = torch.zeros(B, H, S, device="cuda")
+    ind.scatter_(2, st.sl.clamp(0, S - 1), 1.0)
+    if not torch.equal(ind, st.w.float()):
+        errs.append("weight_list != indicator")
+    io, s_, w_ = cfg["init_offset"], min(cfg["sink_size"], S), min(cfg["window_size"], S)
+    w0 = max(0, S - w_ - io)
+    if not bool((ind[..., :s_] == 1).all()) or not bool((ind[..., S - w_:] == 1).all()):
+        errs.append("sink/window missing")
+    qd = q.double().reshape(B, cent.shape[1], -1, cent.shape[2], q.shape[-1] // cent.shape[2])
+    d_s = qd.shape[-1]
+    lut = torch.einsum("bgmkd,bgimd->bgimk", cent[..., :d_s].double(), qd)
+    idx = cb2.permute(0, 2, 3, 1)[:, :, None].expand(-1, -1, lut.shape[2], -1, -1)
+    sc = torch.gather(lut, 4, idx).sum(3).reshape(B, H, n)[:, :, :w0]
+    ch = heavy_chosen(st.sl, S, io, w0, cfg["sink_size"], cfg["window_size"])
+    k = min(cfg["heavy_size"], n)
+    if not bool((ch.sum(-1) == k).all()):
+        errs.append("heavy count != k")
+    lo = torch.where(ch, sc, torch.inf).amin(-1)
+    hi = torch.where(ch, -torch.inf, sc).amax(-1)
+    bad = int((lo < hi - 1e-4 * (1 + hi.abs())).sum())
+    if bad:
+        errs.append(f"{bad} rows: heavy set below an unchosen candidate")
+    if st.small:
+        chr_ = heavy_chosen(sl, S, io, w0, cfg["sink_size"], cfg["window_size"])
+        a = torch.sort(torch.where(ch, sc, -1e30), -1).values
+        b = torch.sort(torch.where(chr_, sc, -1e30), -1).values
+        if not torch.equal(a, b):
+            errs.append("small-int heavy scores differ from the reference")
+    return errs, cb2
+
+
+def graph_time(fn, reps):
+    """(median GPU us per call over 15 replays of a graph of `reps` calls, median wall us of
+    one replay of a one-call graph + synchronize)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        for _ in range(reps):
+            fn()
+    ts = []
+    for _ in range(15):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        gr.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / reps)
+    g1 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        fn()
+    walls = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        g1.replay()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(ts), statistics.median(walls[20:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiles", default="2048,4096,8192")
+    ap.add_argument("--warps", default="8,16,32")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--reps", type=int, default=50)
+    a = ap.parse_args()
+    rows = []
+    for name in a.shapes.split(","):
+        for tile in map(int, a.tiles.split(",")):
+            for warps in map(int, a.warps.split(",")):
+                st = Step(SHAPES[name], 1234, tile, warps)
+                try:
+                    st.prepare(st.S)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    ck = st()
+                    torch.cuda.synchronize()
+                    first_us = (time.perf_counter() - t0) * 1e6
+                    errs, cb = check(st, st.cb)
+                    st.n_old = cb.shape[1]
+                    st.prepare(st.S + 1)  # one decode step later: one new key, histogram += 1 key
+                    st()
+                    torch.cuda.synchronize()
+                    errs2, _ = check(st, cb)
+                    errs += ["step 2: " + e for e in errs2]
+                except Exception as e:  # noqa: BLE001
+                    rows.append((name, tile, warps, f"ERROR {type(e).__name__}: {str(e)[:300]}", None, "", 0))
+                    print(rows[-1], flush=True)
+                    continue
+                gpu, wall = graph_time(st, a.reps)
+                ph = st.phases()
+                print(f"phases {name} TILE={tile} w{warps} (us): delta {ph[0]:.2f} lut {ph[1]:.2f} "
+                      f"load {ph[2]:.2f} levels {ph[3]:.2f} cls {ph[4]:.2f} emit {ph[5]:.2f} quant {ph[6]:.2f} "
+                      f"total {ph[7]:.2f}", flush=True)
+                res = "ok" if not errs else "FAIL " + "; ".join(errs)
+                rows.append((name, tile, warps, res, (gpu, wall), f"{ck.n_regs}r/{ck.n_spills}s", first_us))
+                print(rows[-1], flush=True)
+    print(f"\n{'shape':<13} {'TILE':>5} {'warps':>5} {'GPU us':>7} {'wall us':>8} {'1st us':>8} {'regs':>8}  check")
+    for name, tile, warps, res, t, regs, first in rows:
+        if not t:
+            print(f"{name:<13} {tile:>5} {warps:>5} {res}")
+            continue
+        print(f"{name:<13} {tile:>5} {warps:>5} {t[0]:>7.2f} {t[1]:>8.2f} {first:>8.0f} {regs:>8}  {res}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""The decode step in one launch, by counting code combinations (``K^M <= 4096``).
+
+A key's score ``sum_m lut[m, code_m]`` depends only on its code *combination*
+``(code_0, .., code_{M-1})``: ``K^M`` of them (4096 on the reference workload, M=2,
+bits=6), against tens of thousands of keys per row. So the top-k threshold is found on
+the combinations, weighted by how many candidate keys carry each, and the keys are read
+once, to emit.
+
+``pq_hist_kernel`` (launch contract: README.md in this directory). Grid ``(B*H,)``, one
+CTA per row ``r = b*H + h``:
+
+1. Moves the row's combination histogram ``hist[r, :]`` (i32 ``[B*H, NC]``, persistent
+   across steps) from the keys ``j < histn[r]`` it counts to the candidates ``j < w0``,
+   adding or removing the keys in between with atomics (one key per decode step; every
+   key on the first step after an import, when ``histn`` is 0), and sets
+   ``histn[r] = w0``. Replaying the same step changes nothing.
+2. Computes the head's lookup table ``lut[m, c] = <q_m, centroids[b,g,m,c,:d_s]>`` into
+   scratch and the score of every combination from it.
+3. Finds the threshold: up to LEVELS rounds of an NB-bin histogram (global atomics,
+   weighted by the counts) over the score range of the combinations still in play; each
+   round keeps the bin holding the k-th largest key. A round is skipped once the
+   remaining combinations share one score. Result, per combination: ``2`` = every key
+   is taken, ``1`` = keys are taken in position order until ``need`` more are taken,
+   ``0`` = none, kept as score bounds (every class lies above the next).
+4. Streams the row once, positions ``0 .. S`` (TILE at a time, the next tile's codes
+   prefetched): classifies each candidate by its score against those bounds, ranks the taken keys by a
+   prefix sum, and writes ``sparse_list`` (sink, heavy and window merged in ascending
+   order, duplicates kept), ``weight_list`` and ``sparse_len``. When fewer than k keys
+   are candidates, the lowest masked keys fill in (spec step 4).
+5. The first head of each KV group quantizes the step's new keys (``n_old <= j < n``)
+   and appends their codes. The host routes a step here only when those keys are not
+   candidates (``w0 <= n_old``), so no CTA reads a code written in this launch.
+
+Every scratch level histogram ``lvl[r, LEVELS, NB]`` (i32) is left zero for the next
+step; the host zero-fills ``hist``, ``histn`` and ``lvl`` once and ``histn`` again after
+replacing the codes.
+"""
+
+import triton
+import triton.language as tl
+
+from kspec import Kernel, grid, i32, i64, ptr, single
+from pq_select import _nearest, _store_lut
+
+
+@triton.jit
+def _now():
+    """The SM's nanosecond global timer (phase timing builds only, TIMER=1)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _code_row(cbase, cap, i: tl.constexpr, M, j):
+    """Codes of subvector ``i`` for keys ``j`` (0 where i >= M or j >= cap)."""
+    return tl.load(cbase + i * cap + j, mask=(j < cap) & (i < M), other=0)
+
+
+@triton.jit
+def pq_hist_kernel(
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, sl_ptr, len_ptr,
+    w_ptr,  #
+    q_sb, q_sh, k_sb, k_sh, k_ss,  #
+    H, G, M, K, bits, d_s, S, n_old, cap, sink, window, heavy, init_offset, metric_ip,  #
+    MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr, TILE: tl.constexpr,
+    DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, TIMER: tl.constexpr = 0,
+):
+    """See the module docstring and README.md (launch contract)."""
+    tl.static_assert(TILE < 65536)  # two 16-bit counts share one int32 in the scan
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    b = r // H
+    h = r % H
+    g = h // G
+    H_kv = H // G
+    bg = b.to(tl.int64) * H_kv + g
+    n = S - init_offset
+    s_sink = tl.minimum(sink, S)
+    s_win = tl.minimum(window, S)
+    ws = S - s_win
+    w0 = tl.maximum(ws - init_offset, 0)
+    k = tl.minimum(heavy, n)
+    d_c = d_s + metric_ip
+
+    # the code rows of this KV head, one per subvector (rows m >= M are masked)
+    mm = tl.arange(0, MP)
+    mvalid = mm < M
+    mrow = (bg * M + mm) * cap
+    shift = tl.where(mvalid, (M - 1 - mm) * bits, 0)
+
+    if TIMER:
+        t0 = _now()
+    # 1. the combination histogram: from keys j < histn[r] to the candidates j < w0
+    hist_row = hist_ptr + r64 * NC
+    hn = tl.load(histn_ptr + r)
+    lo = tl.minimum(hn, w0)
+    hi = tl.maximum(hn, w0)
+    sign = tl.where(hn < w0, 1, -1)
+    for j0 in range(lo, hi, DT):
+        jd = j0 + tl.arange(0, DT)
+        jm = jd < hi
+        cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
+        combo = tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
+        tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32) * sign, mask=jm, sem="relaxed")
+    tl.store(histn_ptr + r, w0)
+
+    if TIMER:
+        t1 = _now()
+    # 2. this head's lookup table, into scratch
+    lut_row = lut_ptr + r64 * M * K
+    qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
+    for m in range(M):
+        _store_lut(q_ptr, qrow + m * d_s, cent_ptr, ((bg * M + m) * K) * d_c, d_s, d_c, K, lut_row + m * K, BLOCK_C,
+                   BLOCK_DS)
+    tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
+
+    if TIMER:
+        t2 = _now()
+    # 3. candidates and score per combination, then the threshold
+    cc = tl.arange(0, NC)
+    cvalid = cc < (1 << (M * bits))
+    cnt = tl.load(hist_row + cc, mask=cvalid, other=0, cache_modifier=".cg")
+    s = tl.zeros([NC], tl.float32)
+    for m in range(M):
+        dig = (cc >> ((M - 1 - m) * bits)) & (K - 1)
+        s += tl.load(lut_row + m * K + dig, mask=cvalid, other=0.0)
+    if TIMER:
+        t3 = _now()
+    kc = tl.minimum(k, w0)  # heavy picks among the candidates; the rest fill in
+    need = kc
+    alive = cnt > 0
+    sure = cc < 0
+    lvl_row = lvl_ptr + r64 * (LEVELS * NB)
+    bins = tl.arange(0, NB)
+    for lv in tl.static_range(LEVELS):
+        slo = tl.min(tl.where(alive, s, float("inf")), axis=0)
+        shi = tl.max(tl.where(alive, s, -float("inf")), axis=0)
+        if slo < shi:  # else every remaining combination has one score: done
+            t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
+            bn = tl.minimum(t.to(tl.int32), NB - 1)
+            tl.atomic_add(lvl_row + lv * NB + bn, cnt, mask=alive, sem="relaxed")
+            tl.debug_barrier()
+            hc = tl.load(lvl_row + lv * NB + bins, cache_modifier=".cg")
+            suffix = tl.cumsum(hc, axis=0, reverse=True)  # keys in bins >= b
+            bstar = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
+            above = tl.sum(tl.where(bins > bstar, hc, 0), axis=0)
+            tl.debug_barrier()  # every thread has read the bins before they are cleared
+            tl.store(lvl_row + lv * NB + bn, tl.zeros([NC], tl.int32), mask=alive)
+            sure = sure | (alive & (bn > bstar))
+            alive = alive & (bn == bstar)
+            need = need - above
+    if TIMER:
+        t4 = _now()
+    # the classes are score ranges: every sure combination scores above every one still
+    # in play, which score above every other candidate (the bins are monotone in the
+    # score), and the emit pass recomputes each key's score with the very same float
+    # additions, so comparing with these bounds reproduces the per-combination classes
+    t_sure = tl.min(tl.where(sure, s, float("inf")), axis=0)
+    t_maybe = tl.min(tl.where(alive, s, float("inf")), axis=0)
+    if TIMER:
+        t5 = _now()
+    # 4. one pass over the row: classify, rank, emit
+    total = s_sink + k + s_win
+    sl_row = sl_ptr + r64 * total
+    w_row = w_ptr + r64 * S
+    wty = w_ptr.dtype.element_ty
+    offs = tl.arange(0, TILE)
+    # positions before the first quantized key: sink, zeros (and window, on tiny S)
+    for p0 in range(0, init_offset, TILE):
+        p = p0 + offs
+        pm = p < init_offset
+        is_sink = p < s_sink
+        is_win = p >= ws
+        tl.store(sl_row + p + tl.maximum(p - ws, 0), p.to(tl.int64), mask=pm & is_sink)
+        tl.store(sl_row + tl.minimum(p + 1, s_sink) + (p - ws), p.to(tl.int64), mask=pm & is_win)
+        tl.store(w_row + p, (is_sink | is_win).to(tl.float32).to(wty), mask=pm)
+    # the quantized keys j = p - init_offset, TILE at a time, the next tile's codes
+    # prefetched (loads masked by cap only, a multiple of 16, so they vectorize)
+    crow = codes_ptr + bg * M * cap
+    n0 = _code_row(crow, cap, 0, M, offs)
+    n1 = _code_row(crow, cap, 1, M, offs)
+    if MP > 2:
+        n2 = _code_row(crow, cap, 2, M, offs)
+        n3 = _code_row(crow, cap, 3, M, offs)
+    else:
+        n2 = n0
+        n3 = n0
+    carry_s = 0
+    carry_m = 0
+    for j0 in range(0, n, TILE):
+        c0 = n0
+        c1 = n1
+        c2 = n2
+        c3 = n3
+        j = j0 + offs
+        n0 = _code_row(crow, cap, 0, M, j + TILE)
+        n1 = _code_row(crow, cap, 1, M, j + TILE)
+        if MP > 2:
+            n2 = _code_row(crow, cap, 2, M, j + TILE)
+            n3 = _code_row(crow, cap, 3, M, j + TILE)
+        # the key's score, added in the order the combination scores were (m = 0, 1, ..)
+        cand = j < w0
+        sc = tl.zeros([TILE], tl.float32)
+        sc += tl.load(lut_row + (c0.to(tl.int32) & (K - 1)), mask=cand, other=0.0)
+        sc += tl.load(lut_row + K + (c1.to(tl.int32) & (K - 1)), mask=cand & (M > 1), other=0.0)
+        if MP > 2:
+            sc += tl.load(lut_row + 2 * K + (c2.to(tl.int32) & (K - 1)), mask=cand & (M > 2), other=0.0)
+            sc += tl.load(lut_row + 3 * K + (c3.to(tl.int32) & (K - 1)), mask=cand & (M > 3), other=0.0)
+        p = j + init_offset
+        in_n = j < n
+        fill = (j >= w0) & (j < k)  # fewer candidates than k: the lowest masked keys
+        sflag = (cand & (sc >= t_sure)) | fill
+        mflag = cand & (sc >= t_maybe) & (sc < t_sure)
+        packed = sflag.to(tl.int32) + (mflag.to(tl.int32) << 16)
+        excl = tl.cumsum(packed, axis=0) - packed
+        sb = carry_s + (excl & 0xFFFF)
+        mb = carry_m + (excl >> 16)
+        take = sflag | (mflag & (mb < need))
+        tb = sb + tl.minimum(mb, need)  # heavy entries before p
+        tot = tl.sum(packed, axis=0)
+        carry_s += tot & 0xFFFF
+        carry_m += tot >> 16
+        is_sink = p < s_sink
+        is_win = (p >= ws) & in_n
+        pv = p.to(tl.int64)
+        # equal values sort sink copy, heavy copy, window copy
+        tl.store(sl_row + tl.minimum(p + 1, s_sink) + tb + tl.maximum(p - ws, 0), pv, mask=take)
+        if j0 + init_offset < s_sink:  # this tile holds sink positions
+            tl.store(sl_row + p + tb + tl.maximum(p - ws, 0), pv, mask=is_sink)
+        if j0 + init_offset + TILE > ws:  # this tile holds window positions
+            tl.store(sl_row + tl.minimum(p + 1, s_sink) + tb + take.to(tl.int32) + (p - ws), pv, mask=is_win)
+        tl.store(w_row + p, (is_sink | take | is_win).to(tl.float32).to(wty), mask=in_n)
+    tl.store(len_ptr + r64, total.to(tl.int64))
+
+    if TIMER:
+        t6 = _now()
+    # 5. the new keys' codes (first head of the KV group; not candidates this step)
+    if h % G == 0:
+        krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
+        for tq in range(n_old, n):
+            for m in range(M):
+                cbase = ((bg * M + m) * K) * d_c
+                phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
+                ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c, K,
+                              metric_ip, BLOCK_C, BLOCK_DS)
+                tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
+    if TIMER:  # phase timestamps (ns) over the lookup-table scratch, which is dead by now
+        t7 = _now()
+        tb_ptr = lut_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + r64 * (M * K // 2)
+        tl.store(tb_ptr + 0, t0)
+        tl.store(tb_ptr + 1, t1)
+        tl.store(tb_ptr + 2, t2)
+        tl.store(tb_ptr + 3, t3)
+        tl.store(tb_ptr + 4, t4)
+        tl.store(tb_ptr + 5, t5)
+        tl.store(tb_ptr + 6, t6)
+        tl.store(tb_ptr + 7, t7)
+
+
+# ----------------------------------------------------------------------------------
+# declarations for the build
+
+DTYPES = ("fp32", "bf16", "fp16")
+MPS = (2, 4)  # code rows loaded per key: M <= MP
+FIXED = {"NC": 4096, "NB": 1024, "LEVELS": 3, "DT": 1024, "BLOCK_C": 64, "BLOCK_DS": 64, "TIMER": 0}
+TUNED = {("fp32", "fp32", 2), ("bf16", "bf16", 2)}
+
+
+def _args(qt, wt):
+    return (
+        ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
+        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
+        ptr("lut_ptr", "fp32"), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"),
+        ptr("w_ptr", wt, False),
+        i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
+        i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("S"), i32("n_old"),
+        i32("cap", div16=True), i32("sink"), i32("window"), i32("heavy"), i32("init_offset"), i32("metric_ip"),
+    )
+
+
+def _variants(qt, wt, mp):
+    # measured on the H100 (NOTES.md, session 3): TILE 2048-4096 with 8-16 warps within
+    # 5% of each other; 32 warps and TILE 8192 (spills) slower
+    default = {"TILE": 2048}
+    if (qt, wt, mp) in TUNED:
+        v90 = grid(default, 8, 1, num_warps=(8, 16), TILE=(2048, 4096))
+    else:
+        v90 = single(default, 8, 1)
+    return {80: single(default, 8, 1), 90: v90}
+
+
+KERNELS = []
+for _qt in DTYPES:
+    for _wt in DTYPES:
+        for _mp in MPS:
+            KERNELS.append(
+                Kernel(name=f"pq_hist.m{_mp}.q_{_qt}.w_{_wt}", fn=pq_hist_kernel, args=_args(_qt, _wt),
+                       fixed=dict(FIXED, MP=_mp), variants=_variants(_qt, _wt, _mp)))
