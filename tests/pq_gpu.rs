@@ -4,8 +4,9 @@
 //! just above the threshold, init_offset < sink, bulk quantization, B > 1.
 //!
 //! Every case poisons the outputs first, runs the step with plain launches and again as
-//! a CUDA graph, and requires the two to be bit-identical. Skipped, saying so, on a
-//! machine without a CUDA driver or device.
+//! a CUDA graph, and requires the two to be bit-identical; each runs once on the chunked
+//! select kernel and once on the histogram kernel where that applies. Skipped, saying
+//! so, on a machine without a CUDA driver or device.
 
 #[macro_use]
 mod common;
@@ -13,7 +14,7 @@ mod common;
 use std::sync::Arc;
 
 use tritonrt::kernel::Runtime;
-use tritonrt::pq::gpu::{execute, open_runtime};
+use tritonrt::pq::gpu::{execute_with_path, open_runtime, SelectPath};
 use tritonrt::pq::{check, check_exact, DType, Metric, PqConfig, PqInputs, Shape};
 
 fn runtime() -> Option<Arc<Runtime>> {
@@ -234,6 +235,7 @@ fn gpu_pipeline_matches_cpu_reference() {
     let Some(rt) = runtime() else { return };
     let seed = seed();
     let mut failures = Vec::new();
+    let (mut runs, mut hist_runs) = (0, 0);
     let cases = cases();
     for (i, case) in cases.iter().enumerate() {
         let n_cached = case
@@ -246,51 +248,63 @@ fn gpu_pipeline_matches_cpu_reference() {
             PqInputs::random(&case.cfg, case.shape, n_cached, s)
         }
         .expect("inputs");
-        let t = std::time::Instant::now();
-        let ex = match execute(&rt, &case.cfg, &inputs, None, 0, false) {
-            Ok(ex) => ex,
-            Err(e) => {
-                eprintln!("FAIL {:2} {}: {e}", i, case.name);
-                failures.push(case.name);
-                continue;
+        for path in [SelectPath::Chunked, SelectPath::Hist] {
+            let t = std::time::Instant::now();
+            let ex = match execute_with_path(&rt, &case.cfg, &inputs, None, path, 0, false) {
+                Ok(ex) => ex,
+                Err(e) => {
+                    eprintln!("FAIL {:2} {} ({path:?}): {e}", i, case.name);
+                    failures.push(case.name);
+                    continue;
+                }
+            };
+            if path == SelectPath::Hist && !ex.hist_path {
+                continue; // the histogram path does not apply: same run as Chunked
             }
-        };
-        let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
-        let report = if case.exact {
-            check_exact(&case.cfg, &inputs, &ex.output)
-        } else {
-            check(&case.cfg, &inputs, &ex.output)
-        };
-        let ok = report.passed() && ex.graph_matches;
-        eprintln!(
-            "{} {:2} {:<48} B={} H={} H_kv={} S={} D={} graph={} [{}] ({:.0} ms)",
-            if ok { "ok  " } else { "FAIL" },
-            i,
-            case.name,
-            case.shape.b,
-            case.shape.h,
-            case.shape.h_kv,
-            case.shape.s,
-            case.shape.d,
-            if ex.graph_matches {
-                "identical"
+            runs += 1;
+            hist_runs += usize::from(ex.hist_path);
+            let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
+            let report = if case.exact {
+                check_exact(&case.cfg, &inputs, &ex.output)
             } else {
-                "DIFFERS"
-            },
-            report,
-            gpu_ms
-        );
-        if !ok {
-            failures.push(case.name);
+                check(&case.cfg, &inputs, &ex.output)
+            };
+            let ok = report.passed() && ex.graph_matches;
+            eprintln!(
+                "{} {:2} {:<48} {:<7} B={} H={} H_kv={} S={} D={} graph={} [{}] ({:.0} ms)",
+                if ok { "ok  " } else { "FAIL" },
+                i,
+                case.name,
+                if ex.hist_path { "hist" } else { "chunked" },
+                case.shape.b,
+                case.shape.h,
+                case.shape.h_kv,
+                case.shape.s,
+                case.shape.d,
+                if ex.graph_matches {
+                    "identical"
+                } else {
+                    "DIFFERS"
+                },
+                report,
+                gpu_ms
+            );
+            if !ok {
+                failures.push(case.name);
+            }
         }
     }
     eprintln!(
-        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases)",
-        cases.len() - failures.len(),
+        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases, {runs} runs, {hist_runs} on the histogram path)",
+        runs - failures.len(),
         failures.len(),
         cases.len()
     );
     assert!(failures.is_empty(), "failed cases: {failures:?}");
+    assert!(
+        hist_runs >= 12,
+        "only {hist_runs} cases ran the histogram path (expected every case with K^M <= 4096 and a long sequence)"
+    );
 }
 
 #[test]
@@ -383,4 +397,67 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
     let out = ix.download().expect("download");
     let report = check(&cfg, &inputs, &out);
     assert!(report.passed(), "{report}");
+}
+
+#[test]
+fn gpu_hist_path_decode_loop_and_reimport() {
+    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+    let Some(rt) = runtime() else { return };
+    let cfg = base();
+    // a decode loop on the histogram path: each step moves every row's histogram by one
+    // key (graph updated in place); then a re-import resets it and it is counted anew
+    let (s0, s1) = (9000, 9016);
+    let shape = sh(2, 8, 4, s1, 128);
+    let n0 = cfg.n_quantized(s0) - 1;
+    let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
+    let stream = rt.device().new_stream().expect("stream");
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        cfg,
+        shape,
+        &inputs.centroids,
+        None,
+        None,
+    )
+    .expect("indexer");
+    ix.set_select_path(SelectPath::Hist);
+    ix.import_codes(&inputs.codes, n0).expect("import");
+    let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+    ix.prepare(s1).expect("buffers for the largest step");
+    let mut captures = 0;
+    for s in s0..=s1 {
+        let info = ix
+            .step(dev.query(), dev.key(), s, LaunchMode::Graph)
+            .expect("step");
+        assert!(info.hist, "S={s}: the histogram path did not run");
+        captures += usize::from(info.captured);
+    }
+    ix.synchronize().expect("sync");
+    assert_eq!(captures, 1, "one capture, then in-place updates");
+    let out = ix.download().expect("download");
+    let report = check(&cfg, &inputs, &out);
+    eprintln!("histogram decode loop S={s0}..={s1}: [{report}]");
+    assert!(report.passed(), "decode loop: {report}");
+    // replace the codes: the histogram must be recounted, not reused
+    let codes = ix.export_codes().expect("export");
+    let n1 = ix.n_cached();
+    let mut shifted = codes.clone();
+    for c in shifted.iter_mut() {
+        *c = (*c + 1) % cfg.k_centroids() as i64;
+    }
+    ix.import_codes(&shifted, n1).expect("re-import");
+    let info = ix
+        .step(dev.query(), dev.key(), s1, LaunchMode::Launch)
+        .expect("step after re-import");
+    assert!(info.hist);
+    let out2 = ix.download().expect("download");
+    let inputs2 = PqInputs {
+        codes: shifted,
+        n_cached: n1,
+        ..inputs.clone()
+    };
+    let report2 = check(&cfg, &inputs2, &out2);
+    eprintln!("after re-import: [{report2}]");
+    assert!(report2.passed(), "after re-import: {report2}");
 }

@@ -130,6 +130,11 @@ pub struct RunArgs {
     /// `tritonrt inspect`).
     #[arg(long, value_name = "ID", help_heading = "Backend")]
     pub select_variant: Option<String>,
+    /// Select kernel: `auto` (the histogram kernel for >= 64 rows of >= 32768 keys,
+    /// where it measured faster), `chunked` (always pq_select) or `hist` (pq_hist
+    /// wherever it applies: K^M <= 4096, M <= 4).
+    #[arg(long, value_enum, default_value_t = pq::gpu::SelectPath::Auto, help_heading = "Backend")]
+    pub select_path: pq::gpu::SelectPath,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -226,13 +231,25 @@ pub fn run_gpu(
         Some(id) => Some(id.clone()),
         None => crate::tune::gpu::tuned_select_variant(&rt, cfg, &inputs.shape),
     };
-    let ex = pq::gpu::execute(&rt, cfg, inputs, tuned.as_deref(), a.steps, false)
-        .context("GPU indexer step")?;
+    let ex = pq::gpu::execute_with_path(
+        &rt,
+        cfg,
+        inputs,
+        tuned.as_deref(),
+        a.select_path,
+        a.steps,
+        false,
+    )
+    .context("GPU indexer step")?;
     say!(
         "gpu:     {} ({}), select kernel {}",
         ex.device_name,
         rt.device().arch(),
-        ex.select_variant
+        if ex.hist_path {
+            "pq_hist (histogram path)"
+        } else {
+            ex.select_variant.as_str()
+        }
     );
     anyhow::ensure!(
         ex.graph_matches,

@@ -14,7 +14,12 @@
 //! - otherwise, when many keys are new (catch-up), `pq_quantize.k_<qt>` first; then
 //!   `pq_select.h<K_PAD>.q_<qt>.w_<wt>`: quantize the few new keys, score every quantized
 //!   key through a per-head lookup table, mask the window, top-k per chunk, and (last CTA
-//!   of each row) merge, assemble sink + heavy + window, sort, write all outputs.
+//!   of each row) merge, assemble sink + heavy + window, sort, write all outputs;
+//! - or, where [`SelectPath`] picks it (`K^M <= 4096`, M <= 4, the step's new keys are
+//!   not candidates), `pq_hist.m<MP>.q_<qt>.w_<wt>`: one CTA per row finds the threshold
+//!   on a persistent histogram of code combinations (`i32 [B*H, 4096]`, moved by the
+//!   kernel itself from the keys it counted to the step's candidates) and emits in one
+//!   pass over the row (`kernels_triton/pq_hist.py`).
 //!
 //! The steady-state step allocates nothing, copies nothing between host and device and
 //! never synchronizes. [`LaunchMode::Graph`] captures the step once into a CUDA graph per
@@ -40,6 +45,30 @@ pub const K_PADS: [usize; 3] = [128, 256, 512];
 /// More new keys than this in one step are quantized by the bulk quantize kernel
 /// (one CTA per key and KV head) instead of inside the select kernel's chunks.
 pub const BULK_QUANTIZE_MIN: usize = 8;
+
+/// Code combinations the histogram path counts per row (`NC` in
+/// `kernels_triton/pq_hist.py`): the path needs `K^M <= HIST_COMBOS`.
+pub const HIST_COMBOS: usize = 4096;
+/// Threshold rounds x bins of the histogram path's scratch (`LEVELS`, `NB` in
+/// `kernels_triton/pq_hist.py`).
+const HIST_LEVEL_BINS: usize = 3 * 1024;
+
+/// Which select kernel a (non-short) step uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SelectPath {
+    /// The histogram path where it applies and the shape favours it: at least 64 rows
+    /// (`B*H`) and 32768 quantized keys. Measured on the H100 (NOTES.md, session 3): one
+    /// CTA per row streams about 1.3 keys/ns, so with fewer rows than SMs the chunked
+    /// kernel, which spreads a row over many CTAs, is as fast or faster (reference
+    /// workload: 29 vs 41 us GPU); with 128 rows of 131k keys it is 2x faster.
+    #[default]
+    Auto,
+    /// Always `pq_select` (top-k per chunk of keys, merged by each row's last CTA).
+    Chunked,
+    /// `pq_hist` whenever it applies (`K^M <= 4096`, `M <= 4`, at most
+    /// [`BULK_QUANTIZE_MIN`] new keys, none of them a candidate); else `pq_select`.
+    Hist,
+}
 
 /// How a step is issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +128,8 @@ pub struct StepInfo {
     pub launches: usize,
     /// Whether a graph was captured (false: replayed, or no graph).
     pub captured: bool,
+    /// Whether the histogram select path (`pq_hist`) ran.
+    pub hist: bool,
 }
 
 /// A growable device buffer of `T` (grows only, never shrinks; contents are not kept).
@@ -134,6 +165,8 @@ impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> DevBuf<T> 
 /// The kernels of one indexer configuration.
 struct Kernels {
     select: Arc<Kernel>,
+    /// `pq_hist.m<MP>.q_<qt>.w_<wt>`, where the config allows it (`K^M <= 4096`, M <= 4).
+    hist: Option<Arc<Kernel>>,
     short: Arc<Kernel>,
     quantize: Arc<Kernel>,
     import: Arc<Kernel>,
@@ -190,6 +223,14 @@ pub struct GpuIndexer {
     cap: usize,
     n_cached: usize,
     lut: DevBuf<f32>,
+    /// Histogram path state: combination counts `i32 [B*H, HIST_COMBOS]` of the keys
+    /// `j < histn[r]`, `histn i32 [B*H]`, the threshold rounds' bins (kept zero by the
+    /// kernel) and the per-row lookup table. Zero-filled at creation and on import.
+    hist: DevBuf<i32>,
+    histn: DevBuf<i32>,
+    hist_lvl: DevBuf<i32>,
+    hist_lut: DevBuf<f32>,
+    path: SelectPath,
     stage: DevBuf<i64>,
     cand: DevBuf<i64>,
     count: DevBuf<i32>,
@@ -335,7 +376,15 @@ impl GpuIndexer {
         let select = rt.kernel_for(&name, select_variant)?;
         let qt = dt(cfg.input_dtype);
         let wt = dt(cfg.weight_dtype);
+        let combos = k.checked_pow(m as u32).unwrap_or(usize::MAX);
+        let hist = if combos <= HIST_COMBOS && m <= 4 {
+            let mp = if m <= 2 { 2 } else { 4 };
+            Some(rt.default_kernel(&format!("pq_hist.m{mp}.q_{qt}.w_{wt}"))?)
+        } else {
+            None
+        };
         let kernels = Kernels {
+            hist,
             chunk: constexpr_usize(&select, "CHUNK")?,
             k_pad: constexpr_usize(&select, "K_PAD")?,
             stage: 2 * constexpr_usize(&select, "K_PAD")?,
@@ -365,6 +414,11 @@ impl GpuIndexer {
             cap: 0,
             n_cached: 0,
             lut: DevBuf::new(),
+            hist: DevBuf::new(),
+            histn: DevBuf::new(),
+            hist_lvl: DevBuf::new(),
+            hist_lut: DevBuf::new(),
+            path: SelectPath::default(),
             stage: DevBuf::new(),
             cand: DevBuf::new(),
             count: DevBuf::new(),
@@ -374,8 +428,16 @@ impl GpuIndexer {
             last: None,
             graph: None,
         };
-        me.count.ensure(&me.stream, shape.b * shape.h)?;
-        me.sparse_len.ensure(&me.stream, shape.b * shape.h)?;
+        let rows = shape.b * shape.h;
+        me.count.ensure(&me.stream, rows)?;
+        me.sparse_len.ensure(&me.stream, rows)?;
+        if me.kernels.hist.is_some() {
+            // allocated zero-filled: an empty histogram counting no keys
+            me.hist.ensure(&me.stream, rows * HIST_COMBOS)?;
+            me.histn.ensure(&me.stream, rows)?;
+            me.hist_lvl.ensure(&me.stream, rows * HIST_LEVEL_BINS)?;
+            me.hist_lut.ensure(&me.stream, rows * m * k)?;
+        }
         Ok(me)
     }
 
@@ -399,6 +461,11 @@ impl GpuIndexer {
         self.cap
     }
 
+    /// Choose the select kernel of later steps (default [`SelectPath::Auto`]).
+    pub fn set_select_path(&mut self, path: SelectPath) {
+        self.path = path;
+    }
+
     /// Variant id of the select kernel in use.
     pub fn select_variant(&self) -> &str {
         self.kernels.select.id()
@@ -407,7 +474,9 @@ impl GpuIndexer {
     /// Every kernel variant this indexer launches (for reports).
     pub fn kernels(&self) -> Vec<Arc<Kernel>> {
         let k = &self.kernels;
-        vec![k.select.clone(), k.short.clone(), k.quantize.clone()]
+        let mut v = vec![k.select.clone(), k.short.clone(), k.quantize.clone()];
+        v.extend(k.hist.clone());
+        v
     }
 
     fn grow_codes(&mut self, n: usize) -> Result<()> {
@@ -508,6 +577,7 @@ impl GpuIndexer {
         }
         self.n_cached = 0;
         self.graph = None;
+        self.reset_hist()?;
         self.grow_codes(n)?;
         if n > 0 {
             let src = self
@@ -521,6 +591,20 @@ impl GpuIndexer {
                 .map_err(|e| crate::device::driver_err("importing codes", e))?;
         }
         self.n_cached = n;
+        Ok(())
+    }
+
+    /// Forget the histogram path's counts (the codes they counted are being replaced):
+    /// zero `hist` and `histn`, so the next histogram step counts every candidate anew.
+    fn reset_hist(&mut self) -> Result<()> {
+        let st = self.stream.clone();
+        for b in [&mut self.hist, &mut self.histn] {
+            if let Some(buf) = b.buf.as_mut() {
+                st.memset_zeros(buf).map_err(|e| {
+                    crate::device::driver_err("clearing the combination histogram", e)
+                })?;
+            }
+        }
         Ok(())
     }
 
@@ -597,6 +681,10 @@ impl GpuIndexer {
             self.stage.ptr(s),
             self.cand.ptr(s),
             self.count.ptr(s),
+            self.hist.ptr(s),
+            self.histn.ptr(s),
+            self.hist_lvl.ptr(s),
+            self.hist_lut.ptr(s),
             self.sparse_list.ptr(s),
             self.sparse_len.ptr(s),
             self.weight.ptr(s),
@@ -641,6 +729,7 @@ impl GpuIndexer {
                 short: true,
                 launches: 1,
                 captured: false,
+                hist: false,
             };
             return Ok((info, vec![launch]));
         }
@@ -649,6 +738,17 @@ impl GpuIndexer {
         let d_s = self.cfg.d_sub(d);
         let n = self.cfg.n_quantized(s);
         let metric_ip = i32::from(self.cfg.metric == Metric::Ip);
+        if let Some(launch) = self.plan_hist(query, key, s, n_old)? {
+            let info = StepInfo {
+                s,
+                total: self.cfg.total(s),
+                short: false,
+                launches: 1,
+                captured: false,
+                hist: true,
+            };
+            return Ok((info, vec![launch]));
+        }
         let mut launches = Vec::with_capacity(2);
         let mut n_old_sel = n_old;
         if n - n_old > BULK_QUANTIZE_MIN {
@@ -735,8 +835,88 @@ impl GpuIndexer {
             short: false,
             launches: launches.len(),
             captured: false,
+            hist: false,
         };
         Ok((info, launches))
+    }
+
+    /// The histogram path's one launch for a (non-short) step at `s` with `N_cached =
+    /// n_old`, or None where the path does not apply or [`SelectPath`] declines it.
+    fn plan_hist(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+    ) -> Result<Option<Launch>> {
+        let Some(k) = &self.kernels.hist else {
+            return Ok(None);
+        };
+        let cfg = &self.cfg;
+        let rows = self.shape.b * self.shape.h;
+        let n = cfg.n_quantized(s);
+        let w0 = s.saturating_sub(cfg.window_size.min(s) + cfg.init_offset);
+        // the kernel quantizes the new keys after it has read the candidates' codes
+        let applies = n - n_old <= BULK_QUANTIZE_MIN && w0 <= n_old;
+        let wanted = match self.path {
+            SelectPath::Chunked => false,
+            SelectPath::Hist => true,
+            SelectPath::Auto => rows >= 64 && n >= 32768,
+        };
+        if !(applies && wanted) {
+            return Ok(None);
+        }
+        let st = &self.stream;
+        let (m, kc) = (cfg.m(), cfg.k_centroids());
+        let args = args_by_name(
+            k,
+            &[
+                ("q_ptr", KernelArg::Ptr(query.ptr)),
+                ("k_ptr", KernelArg::Ptr(key.ptr)),
+                ("cent_ptr", KernelArg::Ptr(self.centroids.device_ptr(st).0)),
+                ("phi_ptr", KernelArg::Ptr(self.phi.device_ptr(st).0)),
+                ("codes_ptr", KernelArg::Ptr(self.codes.ptr(st))),
+                ("hist_ptr", KernelArg::Ptr(self.hist.ptr(st))),
+                ("histn_ptr", KernelArg::Ptr(self.histn.ptr(st))),
+                ("lvl_ptr", KernelArg::Ptr(self.hist_lvl.ptr(st))),
+                ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
+                ("sl_ptr", KernelArg::Ptr(self.sparse_list.ptr(st))),
+                ("len_ptr", KernelArg::Ptr(self.sparse_len.ptr(st))),
+                ("w_ptr", KernelArg::Ptr(self.weight.ptr(st))),
+                ("q_sb", KernelArg::I64(query.strides[0])),
+                ("q_sh", KernelArg::I64(query.strides[1])),
+                ("k_sb", KernelArg::I64(key.strides[0])),
+                ("k_sh", KernelArg::I64(key.strides[1])),
+                ("k_ss", KernelArg::I64(key.strides[2])),
+                ("H", i32_arg("H", self.shape.h)?),
+                ("G", i32_arg("G", self.shape.group())?),
+                ("M", i32_arg("M", m)?),
+                ("K", i32_arg("K", kc)?),
+                ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
+                ("d_s", i32_arg("d_s", cfg.d_sub(self.shape.d))?),
+                ("S", i32_arg("S", s)?),
+                ("n_old", i32_arg("n_old", n_old)?),
+                ("cap", i32_arg("cap", self.cap)?),
+                ("sink", i32_arg("sink_size", cfg.sink_size)?),
+                ("window", i32_arg("window_size", cfg.window_size)?),
+                ("heavy", i32_arg("heavy_size", cfg.heavy_size)?),
+                ("init_offset", i32_arg("init_offset", cfg.init_offset)?),
+                (
+                    "metric_ip",
+                    KernelArg::I32(i32::from(cfg.metric == Metric::Ip)),
+                ),
+            ],
+        )?;
+        // Bounds: new() sized hist (rows x HIST_COMBOS), histn (rows), the level bins
+        // (rows x HIST_LEVEL_BINS) and the lookup table (rows x M x K); ensure_buffers
+        // sized sparse_list (rows x total), weight (rows x s), codes (cap >= n keys); the
+        // kernel reads codes j < max(histn, w0) <= n_old (histn only ever holds an
+        // earlier step's w0, or 0 after reset_hist) and writes codes n_old .. n.
+        Ok(Some(Launch {
+            kernel: k.clone(),
+            grid: [rows as u32, 1, 1],
+            args,
+        }))
     }
 
     /// Issue one step's launches on the stream.
@@ -1179,6 +1359,8 @@ pub struct Execution {
     pub graph_gpu: Option<StepTiming>,
     /// Variant id of the select kernel.
     pub select_variant: String,
+    /// Whether the steps ran the histogram select path (`pq_hist`).
+    pub hist_path: bool,
     /// Name of the GPU.
     pub device_name: String,
 }
@@ -1198,6 +1380,27 @@ pub fn execute(
     timed_steps: usize,
     gpu_time: bool,
 ) -> Result<Execution> {
+    execute_with_path(
+        rt,
+        cfg,
+        inputs,
+        select_variant,
+        SelectPath::Auto,
+        timed_steps,
+        gpu_time,
+    )
+}
+
+/// [`execute`] with the select path chosen by the caller.
+pub fn execute_with_path(
+    rt: &Arc<Runtime>,
+    cfg: &PqConfig,
+    inputs: &PqInputs,
+    select_variant: Option<&str>,
+    path: SelectPath,
+    timed_steps: usize,
+    gpu_time: bool,
+) -> Result<Execution> {
     let sh = inputs.shape;
     let stream = rt.device().new_stream()?;
     let mut ix = GpuIndexer::new(
@@ -1209,11 +1412,12 @@ pub fn execute(
         inputs.phi.as_deref(),
         select_variant,
     )?;
+    ix.set_select_path(path);
     ix.import_codes(&inputs.codes, inputs.n_cached)?;
     let dev = DeviceInputs::upload(&stream, inputs, cfg)?;
     ix.prepare(sh.s)?;
     ix.poison_outputs()?;
-    ix.step(dev.query(), dev.key(), sh.s, LaunchMode::Launch)?;
+    let first = ix.step(dev.query(), dev.key(), sh.s, LaunchMode::Launch)?;
     let output = ix.download()?;
 
     ix.rewind(inputs.n_cached);
@@ -1288,6 +1492,7 @@ pub fn execute(
         launch_gpu,
         graph_gpu,
         select_variant: ix.select_variant().to_string(),
+        hist_path: first.hist,
         device_name: rt.device().name().to_string(),
     })
 }
@@ -1392,6 +1597,10 @@ pub fn bench_shape(
         launch_gpu: timed(ex.launch_gpu),
         graph_gpu: timed(ex.graph_gpu),
         floor_bytes: memory_floor_bytes(cfg, &inputs.shape, inputs.n_cached),
-        select_variant: ex.select_variant,
+        select_variant: if ex.hist_path {
+            "pq_hist (histogram path)".to_string()
+        } else {
+            ex.select_variant
+        },
     })
 }
