@@ -733,7 +733,7 @@ impl GpuIndexer {
             };
             return Ok((info, vec![launch]));
         }
-        let (h, h_kv, d) = (self.shape.h, self.shape.h_kv, self.shape.d);
+        let (h_kv, d) = (self.shape.h_kv, self.shape.d);
         let (m, kc) = (self.cfg.m(), self.cfg.k_centroids());
         let d_s = self.cfg.d_sub(d);
         let n = self.cfg.n_quantized(s);
@@ -785,41 +785,14 @@ impl GpuIndexer {
         }
         let k = &self.kernels.select;
         let n_chunks = n.div_ceil(self.kernels.chunk);
-        let args = args_by_name(
-            k,
-            &[
-                ("q_ptr", KernelArg::Ptr(query.ptr)),
-                ("k_ptr", KernelArg::Ptr(key.ptr)),
-                ("cent_ptr", KernelArg::Ptr(self.centroids.device_ptr(st).0)),
-                ("phi_ptr", KernelArg::Ptr(self.phi.device_ptr(st).0)),
-                ("codes_ptr", KernelArg::Ptr(self.codes.ptr(st))),
-                ("lut_ptr", KernelArg::Ptr(self.lut.ptr(st))),
-                ("stage_ptr", KernelArg::Ptr(self.stage.ptr(st))),
-                ("cand_ptr", KernelArg::Ptr(self.cand.ptr(st))),
-                ("count_ptr", KernelArg::Ptr(self.count.ptr(st))),
-                ("sl_ptr", KernelArg::Ptr(self.sparse_list.ptr(st))),
-                ("len_ptr", KernelArg::Ptr(self.sparse_len.ptr(st))),
-                ("w_ptr", KernelArg::Ptr(self.weight.ptr(st))),
-                ("q_sb", KernelArg::I64(query.strides[0])),
-                ("q_sh", KernelArg::I64(query.strides[1])),
-                ("k_sb", KernelArg::I64(key.strides[0])),
-                ("k_sh", KernelArg::I64(key.strides[1])),
-                ("k_ss", KernelArg::I64(key.strides[2])),
-                ("H", i32_arg("H", h)?),
-                ("G", i32_arg("G", self.shape.group())?),
-                ("M", i32_arg("M", m)?),
-                ("K", i32_arg("K", kc)?),
-                ("d_s", i32_arg("d_s", d_s)?),
-                ("S", i32_arg("S", s)?),
-                ("n_old", i32_arg("n_old", n_old_sel)?),
-                ("cap", i32_arg("cap", self.cap)?),
-                ("sink", i32_arg("sink_size", self.cfg.sink_size)?),
-                ("window", i32_arg("window_size", self.cfg.window_size)?),
-                ("heavy", i32_arg("heavy_size", self.cfg.heavy_size)?),
-                ("init_offset", i32_arg("init_offset", self.cfg.init_offset)?),
-                ("metric_ip", KernelArg::I32(metric_ip)),
-            ],
-        )?;
+        let mut named = self.select_args(query, key, s, n_old_sel)?;
+        named.extend([
+            ("lut_ptr", KernelArg::Ptr(self.lut.ptr(st))),
+            ("stage_ptr", KernelArg::Ptr(self.stage.ptr(st))),
+            ("cand_ptr", KernelArg::Ptr(self.cand.ptr(st))),
+            ("count_ptr", KernelArg::Ptr(self.count.ptr(st))),
+        ]);
+        let args = args_by_name(k, &named)?;
         // Bounds: ensure_buffers sized lut/stage/cand for rows x n_chunks CTAs, codes for
         // cap >= n keys, sparse_list for rows x total, weight for rows x s, sparse_len
         // and count for rows (count starts at 0 and every row's last CTA resets it); the
@@ -840,6 +813,50 @@ impl GpuIndexer {
         Ok((info, launches))
     }
 
+    /// The named arguments both select kernels (`pq_select`, `pq_hist`) take: query and
+    /// key views, centroids, phi, the code state, the outputs, strides, shape and config
+    /// integers, for a step at `s` whose kernel quantizes the keys `n_old .. n`.
+    fn select_args(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+    ) -> Result<Vec<(&'static str, KernelArg)>> {
+        let (st, cfg) = (&self.stream, &self.cfg);
+        Ok(vec![
+            ("q_ptr", KernelArg::Ptr(query.ptr)),
+            ("k_ptr", KernelArg::Ptr(key.ptr)),
+            ("cent_ptr", KernelArg::Ptr(self.centroids.device_ptr(st).0)),
+            ("phi_ptr", KernelArg::Ptr(self.phi.device_ptr(st).0)),
+            ("codes_ptr", KernelArg::Ptr(self.codes.ptr(st))),
+            ("sl_ptr", KernelArg::Ptr(self.sparse_list.ptr(st))),
+            ("len_ptr", KernelArg::Ptr(self.sparse_len.ptr(st))),
+            ("w_ptr", KernelArg::Ptr(self.weight.ptr(st))),
+            ("q_sb", KernelArg::I64(query.strides[0])),
+            ("q_sh", KernelArg::I64(query.strides[1])),
+            ("k_sb", KernelArg::I64(key.strides[0])),
+            ("k_sh", KernelArg::I64(key.strides[1])),
+            ("k_ss", KernelArg::I64(key.strides[2])),
+            ("H", i32_arg("H", self.shape.h)?),
+            ("G", i32_arg("G", self.shape.group())?),
+            ("M", i32_arg("M", cfg.m())?),
+            ("K", i32_arg("K", cfg.k_centroids())?),
+            ("d_s", i32_arg("d_s", cfg.d_sub(self.shape.d))?),
+            ("S", i32_arg("S", s)?),
+            ("n_old", i32_arg("n_old", n_old)?),
+            ("cap", i32_arg("cap", self.cap)?),
+            ("sink", i32_arg("sink_size", cfg.sink_size)?),
+            ("window", i32_arg("window_size", cfg.window_size)?),
+            ("heavy", i32_arg("heavy_size", cfg.heavy_size)?),
+            ("init_offset", i32_arg("init_offset", cfg.init_offset)?),
+            (
+                "metric_ip",
+                KernelArg::I32(i32::from(cfg.metric == Metric::Ip)),
+            ),
+        ])
+    }
+
     /// The histogram path's one launch for a (non-short) step at `s` with `N_cached =
     /// n_old`, or None where the path does not apply or [`SelectPath`] declines it.
     fn plan_hist(
@@ -855,7 +872,7 @@ impl GpuIndexer {
         let cfg = &self.cfg;
         let rows = self.shape.b * self.shape.h;
         let n = cfg.n_quantized(s);
-        let w0 = s.saturating_sub(cfg.window_size.min(s) + cfg.init_offset);
+        let w0 = cfg.window_start(s);
         // the kernel quantizes the new keys after it has read the candidates' codes
         let applies = n - n_old <= BULK_QUANTIZE_MIN && w0 <= n_old;
         let wanted = match self.path {
@@ -867,46 +884,15 @@ impl GpuIndexer {
             return Ok(None);
         }
         let st = &self.stream;
-        let (m, kc) = (cfg.m(), cfg.k_centroids());
-        let args = args_by_name(
-            k,
-            &[
-                ("q_ptr", KernelArg::Ptr(query.ptr)),
-                ("k_ptr", KernelArg::Ptr(key.ptr)),
-                ("cent_ptr", KernelArg::Ptr(self.centroids.device_ptr(st).0)),
-                ("phi_ptr", KernelArg::Ptr(self.phi.device_ptr(st).0)),
-                ("codes_ptr", KernelArg::Ptr(self.codes.ptr(st))),
-                ("hist_ptr", KernelArg::Ptr(self.hist.ptr(st))),
-                ("histn_ptr", KernelArg::Ptr(self.histn.ptr(st))),
-                ("lvl_ptr", KernelArg::Ptr(self.hist_lvl.ptr(st))),
-                ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
-                ("sl_ptr", KernelArg::Ptr(self.sparse_list.ptr(st))),
-                ("len_ptr", KernelArg::Ptr(self.sparse_len.ptr(st))),
-                ("w_ptr", KernelArg::Ptr(self.weight.ptr(st))),
-                ("q_sb", KernelArg::I64(query.strides[0])),
-                ("q_sh", KernelArg::I64(query.strides[1])),
-                ("k_sb", KernelArg::I64(key.strides[0])),
-                ("k_sh", KernelArg::I64(key.strides[1])),
-                ("k_ss", KernelArg::I64(key.strides[2])),
-                ("H", i32_arg("H", self.shape.h)?),
-                ("G", i32_arg("G", self.shape.group())?),
-                ("M", i32_arg("M", m)?),
-                ("K", i32_arg("K", kc)?),
-                ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
-                ("d_s", i32_arg("d_s", cfg.d_sub(self.shape.d))?),
-                ("S", i32_arg("S", s)?),
-                ("n_old", i32_arg("n_old", n_old)?),
-                ("cap", i32_arg("cap", self.cap)?),
-                ("sink", i32_arg("sink_size", cfg.sink_size)?),
-                ("window", i32_arg("window_size", cfg.window_size)?),
-                ("heavy", i32_arg("heavy_size", cfg.heavy_size)?),
-                ("init_offset", i32_arg("init_offset", cfg.init_offset)?),
-                (
-                    "metric_ip",
-                    KernelArg::I32(i32::from(cfg.metric == Metric::Ip)),
-                ),
-            ],
-        )?;
+        let mut named = self.select_args(query, key, s, n_old)?;
+        named.extend([
+            ("hist_ptr", KernelArg::Ptr(self.hist.ptr(st))),
+            ("histn_ptr", KernelArg::Ptr(self.histn.ptr(st))),
+            ("lvl_ptr", KernelArg::Ptr(self.hist_lvl.ptr(st))),
+            ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
+            ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
+        ]);
+        let args = args_by_name(k, &named)?;
         // Bounds: new() sized hist (rows x HIST_COMBOS), histn (rows), the level bins
         // (rows x HIST_LEVEL_BINS) and the lookup table (rows x M x K); ensure_buffers
         // sized sparse_list (rows x total), weight (rows x s), codes (cap >= n keys); the
