@@ -14,7 +14,9 @@ mod common;
 use std::sync::Arc;
 
 use tritonrt::kernel::Runtime;
-use tritonrt::pq::gpu::{execute_with_path, open_runtime, SelectPath};
+use tritonrt::pq::gpu::{
+    execute_with_path, open_runtime, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
+};
 use tritonrt::pq::{check, check_exact, DType, Metric, PqConfig, PqInputs, Shape};
 
 fn runtime() -> Option<Arc<Runtime>> {
@@ -309,7 +311,6 @@ fn gpu_pipeline_matches_cpu_reference() {
 
 #[test]
 fn gpu_state_grows_and_round_trips_codes() {
-    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
     let Some(rt) = runtime() else { return };
     let cfg = base();
     let shape = sh(1, 8, 4, 6000, 128);
@@ -356,15 +357,16 @@ fn gpu_state_grows_and_round_trips_codes() {
     assert!(err.to_string().contains("already quantized"), "{err}");
 }
 
-#[test]
-fn gpu_decode_loop_updates_the_graph_in_place() {
-    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
-    let Some(rt) = runtime() else { return };
-    let cfg = base();
-    // S runs 8310 ..= 8330, one new key per step; n = S - 128 crosses 8192, so the
-    // select grid grows from 1 to 2 chunks per row (CHUNK 8192) midway
-    let (s0, s1) = (8310, 8330);
-    let shape = sh(1, 8, 4, s1, 128);
+/// A decode loop on one indexer with `path`: codes imported for `S = s0` minus one key,
+/// then graph-mode steps `S = s0 ..= s1`, one new key each. Returns the indexer, the
+/// device and host inputs and every step's info (after a synchronize).
+fn decode_loop(
+    rt: &Arc<Runtime>,
+    cfg: PqConfig,
+    shape: Shape,
+    (s0, s1): (usize, usize),
+    path: SelectPath,
+) -> (GpuIndexer, DeviceInputs, PqInputs, Vec<StepInfo>) {
     let n0 = cfg.n_quantized(s0) - 1;
     let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
     let stream = rt.device().new_stream().expect("stream");
@@ -378,17 +380,30 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
         None,
     )
     .expect("indexer");
+    ix.set_select_path(path);
     ix.import_codes(&inputs.codes, n0).expect("import");
     let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
     ix.prepare(s1).expect("buffers for the largest step");
-    let mut captures = 0;
-    for s in s0..=s1 {
-        let info = ix
-            .step(dev.query(), dev.key(), s, LaunchMode::Graph)
-            .expect("step");
-        captures += usize::from(info.captured);
-    }
+    let infos = (s0..=s1)
+        .map(|s| {
+            ix.step(dev.query(), dev.key(), s, LaunchMode::Graph)
+                .expect("step")
+        })
+        .collect();
     ix.synchronize().expect("sync");
+    (ix, dev, inputs, infos)
+}
+
+#[test]
+fn gpu_decode_loop_updates_the_graph_in_place() {
+    let Some(rt) = runtime() else { return };
+    let cfg = base();
+    // S runs 8310 ..= 8330, one new key per step; n = S - 128 crosses 8192, so the
+    // select grid grows from 1 to 2 chunks per row (CHUNK 8192) midway
+    let (s0, s1) = (8310, 8330);
+    let shape = sh(1, 8, 4, s1, 128);
+    let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Chunked);
+    let captures = infos.iter().filter(|i| i.captured).count();
     eprintln!(
         "decode loop S={s0}..={s1}: {captures} graph capture(s) for {} steps",
         s1 - s0 + 1
@@ -401,39 +416,17 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
 
 #[test]
 fn gpu_hist_path_decode_loop_and_reimport() {
-    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
     let Some(rt) = runtime() else { return };
     let cfg = base();
     // a decode loop on the histogram path: each step moves every row's histogram by one
     // key (graph updated in place); then a re-import resets it and it is counted anew
     let (s0, s1) = (9000, 9016);
     let shape = sh(2, 8, 4, s1, 128);
-    let n0 = cfg.n_quantized(s0) - 1;
-    let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
-    let stream = rt.device().new_stream().expect("stream");
-    let mut ix = GpuIndexer::new(
-        rt.clone(),
-        stream.clone(),
-        cfg,
-        shape,
-        &inputs.centroids,
-        None,
-        None,
-    )
-    .expect("indexer");
-    ix.set_select_path(SelectPath::Hist);
-    ix.import_codes(&inputs.codes, n0).expect("import");
-    let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
-    ix.prepare(s1).expect("buffers for the largest step");
-    let mut captures = 0;
-    for s in s0..=s1 {
-        let info = ix
-            .step(dev.query(), dev.key(), s, LaunchMode::Graph)
-            .expect("step");
+    let (mut ix, dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Hist);
+    for (s, info) in (s0..=s1).zip(&infos) {
         assert!(info.hist, "S={s}: the histogram path did not run");
-        captures += usize::from(info.captured);
     }
-    ix.synchronize().expect("sync");
+    let captures = infos.iter().filter(|i| i.captured).count();
     assert_eq!(captures, 1, "one capture, then in-place updates");
     let out = ix.download().expect("download");
     let report = check(&cfg, &inputs, &out);
