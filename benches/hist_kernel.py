@@ -40,7 +40,7 @@ SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset
 class Step:
     """The indexer state of one shape plus one launch of the kernel at a given S."""
 
-    def __init__(self, shape, seed, tile, warps):
+    def __init__(self, shape, seed, tile, warps, nb=FIXED["NB"]):
         B, H, H_kv, S, D, M, bits, sink, win, heavy, io, small = shape
         g = torch.Generator(device="cuda").manual_seed(seed)
         K = 1 << bits
@@ -63,10 +63,10 @@ class Step:
         rows = B * H
         self.hist = torch.zeros(rows, FIXED["NC"], dtype=torch.int32, device="cuda")
         self.histn = torch.zeros(rows, dtype=torch.int32, device="cuda")
-        self.lvl = torch.zeros(rows, FIXED["LEVELS"], FIXED["NB"], dtype=torch.int32, device="cuda")
+        self.lvl = torch.zeros(rows, FIXED["LEVELS"], nb, dtype=torch.int32, device="cuda")
         self.lut = torch.zeros(rows * M * K, dtype=torch.float32, device="cuda")
         self.phi = torch.zeros(1, dtype=torch.float32, device="cuda")
-        self.shape, self.small, self.tile, self.warps = shape, small, tile, warps
+        self.shape, self.small, self.tile, self.warps, self.nb = shape, small, tile, warps, nb
         self.n_old = n_old
         self.S = S
         self.timer = 0
@@ -86,11 +86,11 @@ class Step:
         B, H, H_kv, _, D, M, bits = self.shape[:7]
         Sk = self.key.shape[2]
         c = self.cfg
-        return pq_hist_kernel[(B * H, )](
+        return pq_hist_kernel[(B * H, 2)](
             self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut,
             self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits, D // M,
             self.S, self.n_old, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], 0,
-            MP=2, NC=FIXED["NC"], NB=FIXED["NB"], LEVELS=FIXED["LEVELS"], TILE=self.tile, DT=FIXED["DT"],
+            MP=2, NC=FIXED["NC"], NB=self.nb, LEVELS=FIXED["LEVELS"], TILE=self.tile, DT=FIXED["DT"],
             BLOCK_C=FIXED["BLOCK_C"], BLOCK_DS=FIXED["BLOCK_DS"], TIMER=self.timer, num_warps=self.warps,
             num_stages=1)
 
@@ -192,12 +192,13 @@ def main():
     ap.add_argument("--warps", default="8,16,32")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--nb", default=str(FIXED["NB"]), help="level-histogram bins, comma-separated")
     a = ap.parse_args()
     rows = []
     for name in a.shapes.split(","):
         for tile in map(int, a.tiles.split(",")):
-            for warps in map(int, a.warps.split(",")):
-                st = Step(SHAPES[name], 1234, tile, warps)
+            for warps, nb in [(w, b) for w in map(int, a.warps.split(",")) for b in map(int, a.nb.split(","))]:
+                st = Step(SHAPES[name], 1234, tile, warps, nb)
                 try:
                     st.prepare(st.S)
                     torch.cuda.synchronize()
@@ -213,23 +214,23 @@ def main():
                     errs2, _ = check(st, cb)
                     errs += ["step 2: " + e for e in errs2]
                 except Exception as e:  # noqa: BLE001
-                    rows.append((name, tile, warps, f"ERROR {type(e).__name__}: {str(e)[:300]}", None, "", 0))
+                    rows.append((name, tile, f"{warps}/{nb}", f"ERROR {type(e).__name__}: {str(e)[:300]}", None, "", 0))
                     print(rows[-1], flush=True)
                     continue
                 gpu, wall = graph_time(st, a.reps)
                 ph = st.phases()
-                print(f"phases {name} TILE={tile} w{warps} (us): delta {ph[0]:.2f} lut {ph[1]:.2f} "
-                      f"load {ph[2]:.2f} levels {ph[3]:.2f} cls {ph[4]:.2f} emit {ph[5]:.2f} quant {ph[6]:.2f} "
+                print(f"phases {name} TILE={tile} w{warps} NB={nb} (us): delta {ph[0]:.2f} lut {ph[1]:.2f} "
+                      f"load {ph[2]:.2f} round1 {ph[3]:.2f} rounds2+ {ph[4]:.2f} bounds {ph[5]:.2f} emit {ph[6]:.2f} "
                       f"total {ph[7]:.2f}", flush=True)
                 res = "ok" if not errs else "FAIL " + "; ".join(errs)
-                rows.append((name, tile, warps, res, (gpu, wall), f"{ck.n_regs}r/{ck.n_spills}s", first_us))
+                rows.append((name, tile, f"{warps}/{nb}", res, (gpu, wall), f"{ck.n_regs}r/{ck.n_spills}s", first_us))
                 print(rows[-1], flush=True)
-    print(f"\n{'shape':<13} {'TILE':>5} {'warps':>5} {'GPU us':>7} {'wall us':>8} {'1st us':>8} {'regs':>8}  check")
+    print(f"\n{'shape':<13} {'TILE':>5} {'w/NB':>7} {'GPU us':>7} {'wall us':>8} {'1st us':>8} {'regs':>8}  check")
     for name, tile, warps, res, t, regs, first in rows:
         if not t:
-            print(f"{name:<13} {tile:>5} {warps:>5} {res}")
+            print(f"{name:<13} {tile:>5} {warps:>7} {res}")
             continue
-        print(f"{name:<13} {tile:>5} {warps:>5} {t[0]:>7.2f} {t[1]:>8.2f} {first:>8.0f} {regs:>8}  {res}")
+        print(f"{name:<13} {tile:>5} {warps:>7} {t[0]:>7.2f} {t[1]:>8.2f} {first:>8.0f} {regs:>8}  {res}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def run_step(st, S, n_old, cfg, tile, mp=2):
     w = Arr(np.full((rows, S), 7.0, np.float32))
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
-    pq_hist_kernel[(rows, )](
+    pq_hist_kernel[(rows, 2)](
         q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], sl, ln, w,
         H * D, D, H_kv * Sk * D, Sk * D, D,
         H, H // H_kv, M, K, bits, D // M, S, n_old, st["cap"], cfg["sink"], cfg["window"], cfg["heavy"],
@@ -205,7 +205,7 @@ def check(st, S, n_old, cfg, out, what):
 
 CASES = [
     # name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, metric_ip, tile, mp
-    ("normal", (1, 4, 4, 64, 2, 6), 3000, 3, dict(sink=16, window=32, heavy=64, init_offset=16), False, False, 1024, 2),
+    ("normal", (1, 4, 4, 64, 2, 6), 3000, 3, dict(sink=16, window=32, heavy=64, init_offset=16), False, False, 128, 2),
     ("ties_int_gqa", (1, 4, 2, 32, 2, 4), 2500, 2, dict(sink=8, window=16, heavy=100, init_offset=8), True, False, 512,
      2),
     ("io_lt_sink", (1, 2, 2, 32, 2, 5), 1500, 2, dict(sink=64, window=40, heavy=50, init_offset=16), False, False, 512,
@@ -213,6 +213,9 @@ CASES = [
     ("ip_m4", (2, 2, 1, 32, 4, 3), 1200, 2, dict(sink=4, window=24, heavy=30, init_offset=4), False, True, 256, 4),
     ("few_cand", (1, 2, 2, 32, 2, 3), 260, 2, dict(sink=8, window=200, heavy=64, init_offset=8), False, False, 128, 2),
     ("m1_bits8", (1, 2, 2, 16, 1, 8), 1800, 2, dict(sink=4, window=8, heavy=20, init_offset=0), True, False, 512, 2),
+    # 4 combinations: the threshold's combination holds hundreds of keys, so the maybe
+    # keys fill whole 32-key masks and the last one taken is cut inside a mask
+    ("dense_ties", (1, 2, 2, 16, 1, 2), 900, 2, dict(sink=4, window=8, heavy=40, init_offset=4), True, False, 128, 2),
 ]
 
 

@@ -6,8 +6,9 @@ bits=6), against tens of thousands of keys per row. So the top-k threshold is fo
 the combinations, weighted by how many candidate keys carry each, and the keys are read
 once, to emit.
 
-``pq_hist_kernel`` (launch contract: README.md in this directory). Grid ``(B*H,)``, one
-CTA per row ``r = b*H + h``:
+``pq_hist_kernel`` (launch contract: README.md in this directory). Grid ``(B*H, 2)``:
+CTA ``(r, 0)`` works on row ``r = b*H + h`` (steps 1-4), CTA ``(r, 1)`` quantizes the
+new keys when ``h`` is the first head of its KV group (step 5) and exits otherwise.
 
 1. Moves the row's combination histogram ``hist[r, :]`` (i32 ``[B*H, NC]``, persistent
    across steps) from the keys ``j < histn[r]`` it counts to the candidates ``j < w0``,
@@ -23,13 +24,18 @@ CTA per row ``r = b*H + h``:
    is taken, ``1`` = keys are taken in position order until ``need`` more are taken,
    ``0`` = none, kept as score bounds (every class lies above the next).
 4. Streams the row once, positions ``0 .. S`` (TILE at a time, the next tile's codes
-   prefetched): classifies each candidate by its score against those bounds, ranks the taken keys by a
-   prefix sum, and writes ``sparse_list`` (sink, heavy and window merged in ascending
-   order, duplicates kept), ``weight_list`` and ``sparse_len``. When fewer than k keys
-   are candidates, the lowest masked keys fill in (spec step 4).
-5. The first head of each KV group quantizes the step's new keys (``n_old <= j < n``)
-   and appends their codes. The host routes a step here only when those keys are not
-   candidates (``w0 <= n_old``), so no CTA reads a code written in this launch.
+   prefetched), classifying each candidate by its score against those bounds. Rows
+   whose heavy picks all lie between the sink and the window (``init_offset >= sink``,
+   ``w0 >= k``: the usual case) keep per 32 keys a bit mask of the taken keys and rank
+   each by its mask's prefix count (``_emit_masks``); other rows rank every key by a
+   prefix sum and merge sink, heavy and window entries with duplicates
+   (``_emit_generic``). Writes ``sparse_list`` (ascending), ``weight_list`` and
+   ``sparse_len``. When fewer than k keys are candidates, the lowest masked keys fill
+   in (spec step 4).
+5. Quantizes the step's new keys (``n_old <= j < n``) and appends their codes, in
+   CTAs of their own, beside the rows. The host routes a step here only when those
+   keys are not candidates (``w0 <= n_old``), so no row reads a code written in this
+   launch for anything it uses.
 
 Every scratch level histogram ``lvl[r, LEVELS, NB]`` (i32) is left zero for the next
 step; the host zero-fills ``hist``, ``histn`` and ``lvl`` once and ``histn`` again after
@@ -53,6 +59,168 @@ def _now():
 def _code_row(cbase, cap, i: tl.constexpr, M, j):
     """Codes of subvector ``i`` for keys ``j`` (0 where i >= M or j >= cap)."""
     return tl.load(cbase + i * cap + j, mask=(j < cap) & (i < M), other=0)
+
+
+@triton.jit
+def _score(lut_row, K, M, MP: tl.constexpr, c0, c1, c2, c3, cand):
+    """Scores of keys with codes c0..c3 (0 where not cand), added in the order the
+    combination scores were (m = 0, 1, ..), so both compare bit for bit."""
+    sc = tl.load(lut_row + (c0.to(tl.int32) & (K - 1)), mask=cand, other=0.0)
+    sc += tl.load(lut_row + K + (c1.to(tl.int32) & (K - 1)), mask=cand & (M > 1), other=0.0)
+    if MP > 2:
+        sc += tl.load(lut_row + 2 * K + (c2.to(tl.int32) & (K - 1)), mask=cand & (M > 2), other=0.0)
+        sc += tl.load(lut_row + 3 * K + (c3.to(tl.int32) & (K - 1)), mask=cand & (M > 3), other=0.0)
+    return sc
+
+
+@triton.jit
+def _popc(x):
+    """Set bits of each uint32 (SWAR)."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_offset, t_sure, t_maybe, need,
+                MP: tl.constexpr, TILE: tl.constexpr):
+    """Emit for rows whose heavy picks all lie between the sink and the window
+    (``init_offset >= s_sink``, ``w0 >= k``): list slots ``s_sink + rank`` (heavy),
+    ``s_sink + k + (j - w0)`` (window). Keys as [TILE/32, 32]: per 32 keys a bit mask of
+    the sure and of the maybe keys, the maybe ones taken in position order while fewer
+    than ``need`` are, each taken key's rank from its mask's prefix count and its bit."""
+    NW: tl.constexpr = TILE // 32
+    wd = tl.arange(0, NW)
+    lane = tl.arange(0, 32)
+    lane_u = lane.to(tl.uint32)
+    jt = wd[:, None] * 32 + lane[None, :]
+    wty = w_row.dtype.element_ty
+    n0 = _code_row(crow, cap, 0, M, jt)
+    n1 = _code_row(crow, cap, 1, M, jt)
+    if MP > 2:
+        n2 = _code_row(crow, cap, 2, M, jt)
+        n3 = _code_row(crow, cap, 3, M, jt)
+    else:
+        n2 = n0
+        n3 = n0
+    carry_s = 0  # sure keys before the tile
+    carry_m = 0  # maybe keys before the tile
+    for j0 in range(0, n, TILE):
+        c0 = n0
+        c1 = n1
+        c2 = n2
+        c3 = n3
+        j = j0 + jt
+        n0 = _code_row(crow, cap, 0, M, j + TILE)
+        n1 = _code_row(crow, cap, 1, M, j + TILE)
+        if MP > 2:
+            n2 = _code_row(crow, cap, 2, M, j + TILE)
+            n3 = _code_row(crow, cap, 3, M, j + TILE)
+        cand = j < w0
+        sc = _score(lut_row, K, M, MP, c0, c1, c2, c3, cand)
+        sflag = cand & (sc >= t_sure)
+        mflag = cand & (sc >= t_maybe) & (sc < t_sure)
+        bs = tl.sum(sflag.to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
+        bm = tl.sum(mflag.to(tl.uint32) << lane_u[None, :], axis=1)
+        ps = _popc(bs)
+        pm = _popc(bm)
+        # one prefix sum for both counts (16 bits each: TILE < 65536)
+        packed = ps + (pm << 16)
+        excl = tl.cumsum(packed, axis=0) - packed
+        es = carry_s + (excl & 0xFFFF)  # sure keys before each mask
+        em = carry_m + (excl >> 16)  # maybe keys before each mask
+        ex_t = es + tl.minimum(em, need)  # taken keys before each mask
+        xm = need - em  # maybe keys still wanted at each mask
+        tm = tl.where(xm >= pm, bm, 0)
+        part = (xm > 0) & (xm < pm)  # at most one mask per row: its lowest xm bits
+        # one reduction for the tile's counts, one for the loop bound below and `part`
+        tot = tl.sum(packed, axis=0)
+        mx = tl.max((ps + pm) | (part.to(tl.int32) << 8), axis=0)
+        if mx > 255:
+            rem = bm
+            sel = tl.zeros([NW], tl.uint32)
+            got = tl.zeros([NW], tl.int32)
+            for _ in range(32):
+                low = rem & (0 - rem)
+                sel = tl.where(got < xm, sel | low, sel)
+                got += (low != 0).to(tl.int32)
+                rem = rem ^ low
+            tm = tl.where(part, sel, tm)
+        take = bs | tm
+        # weights: taken candidates and window keys
+        wv = ((take[:, None] >> lane_u[None, :]) & 1) | (j >= w0).to(tl.uint32)
+        tl.store(w_row + init_offset + j, wv.to(tl.float32).to(wty), mask=j < n)
+        if j0 + TILE > w0:  # window keys in this tile
+            wk = (j >= w0) & (j < n)
+            tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=wk)
+        # heavy entries: the masks' set bits, lowest first
+        rem = take
+        for it in range(0, tl.where(mx > 255, 32, mx)):  # >= every mask's taken keys
+            low = rem & (0 - rem)
+            bit = _popc(low - 1)
+            pos = j0 + wd * 32 + bit + init_offset
+            tl.store(sl_row + s_sink + ex_t + it, pos.to(tl.int64), mask=rem != 0)
+            rem = rem ^ low
+        carry_s += tot & 0xFFFF
+        carry_m += tot >> 16
+
+
+@triton.jit
+def _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset, t_sure, t_maybe, need,
+                  MP: tl.constexpr, TILE: tl.constexpr):
+    """Emit for any row: one prefix sum over each tile ranks the taken keys and places
+    sink, heavy (incl. the lowest masked keys filling in for missing candidates) and
+    window entries in one ascending list; equal values sort sink, heavy, window."""
+    offs = tl.arange(0, TILE)
+    wty = w_row.dtype.element_ty
+    n0 = _code_row(crow, cap, 0, M, offs)
+    n1 = _code_row(crow, cap, 1, M, offs)
+    if MP > 2:
+        n2 = _code_row(crow, cap, 2, M, offs)
+        n3 = _code_row(crow, cap, 3, M, offs)
+    else:
+        n2 = n0
+        n3 = n0
+    carry_s = 0
+    carry_m = 0
+    for j0 in range(0, n, TILE):
+        c0 = n0
+        c1 = n1
+        c2 = n2
+        c3 = n3
+        j = j0 + offs
+        n0 = _code_row(crow, cap, 0, M, j + TILE)
+        n1 = _code_row(crow, cap, 1, M, j + TILE)
+        if MP > 2:
+            n2 = _code_row(crow, cap, 2, M, j + TILE)
+            n3 = _code_row(crow, cap, 3, M, j + TILE)
+        cand = j < w0
+        sc = _score(lut_row, K, M, MP, c0, c1, c2, c3, cand)
+        p = j + init_offset
+        in_n = j < n
+        fill = (j >= w0) & (j < k)  # fewer candidates than k: the lowest masked keys
+        sflag = (cand & (sc >= t_sure)) | fill
+        mflag = cand & (sc >= t_maybe) & (sc < t_sure)
+        packed = sflag.to(tl.int32) + (mflag.to(tl.int32) << 16)
+        excl = tl.cumsum(packed, axis=0) - packed
+        sb = carry_s + (excl & 0xFFFF)
+        mb = carry_m + (excl >> 16)
+        take = sflag | (mflag & (mb < need))
+        tb = sb + tl.minimum(mb, need)  # heavy entries before p
+        tot = tl.sum(packed, axis=0)
+        carry_s += tot & 0xFFFF
+        carry_m += tot >> 16
+        is_sink = p < s_sink
+        is_win = (p >= ws) & in_n
+        pv = p.to(tl.int64)
+        # equal values sort sink copy, heavy copy, window copy
+        tl.store(sl_row + tl.minimum(p + 1, s_sink) + tb + tl.maximum(p - ws, 0), pv, mask=take)
+        if j0 + init_offset < s_sink:  # this tile holds sink positions
+            tl.store(sl_row + p + tb + tl.maximum(p - ws, 0), pv, mask=is_sink)
+        if j0 + init_offset + TILE > ws:  # this tile holds window positions
+            tl.store(sl_row + tl.minimum(p + 1, s_sink) + tb + take.to(tl.int32) + (p - ws), pv, mask=is_win)
+        tl.store(w_row + p, (is_sink | take | is_win).to(tl.float32).to(wty), mask=in_n)
 
 
 @triton.jit
@@ -87,173 +255,132 @@ def pq_hist_kernel(
     mrow = (bg * M + mm) * cap
     shift = tl.where(mvalid, (M - 1 - mm) * bits, 0)
 
-    if TIMER:
-        t0 = _now()
-    # 1. the combination histogram: from keys j < histn[r] to the candidates j < w0
-    hist_row = hist_ptr + r64 * NC
-    hn = tl.load(histn_ptr + r)
-    lo = tl.minimum(hn, w0)
-    hi = tl.maximum(hn, w0)
-    sign = tl.where(hn < w0, 1, -1)
-    for j0 in range(lo, hi, DT):
-        jd = j0 + tl.arange(0, DT)
-        jm = jd < hi
-        cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
-        combo = tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
-        tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32) * sign, mask=jm, sem="relaxed")
-    tl.store(histn_ptr + r, w0)
-
-    if TIMER:
-        t1 = _now()
-    # 2. this head's lookup table, into scratch
-    lut_row = lut_ptr + r64 * M * K
-    qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
-    for m in range(M):
-        _store_lut(q_ptr, qrow + m * d_s, cent_ptr, ((bg * M + m) * K) * d_c, d_s, d_c, K, lut_row + m * K, BLOCK_C,
-                   BLOCK_DS)
-    tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
-
-    if TIMER:
-        t2 = _now()
-    # 3. candidates and score per combination, then the threshold
-    cc = tl.arange(0, NC)
-    cvalid = cc < (1 << (M * bits))
-    cnt = tl.load(hist_row + cc, mask=cvalid, other=0, cache_modifier=".cg")
-    s = tl.zeros([NC], tl.float32)
-    for m in range(M):
-        dig = (cc >> ((M - 1 - m) * bits)) & (K - 1)
-        s += tl.load(lut_row + m * K + dig, mask=cvalid, other=0.0)
-    if TIMER:
-        t3 = _now()
-    kc = tl.minimum(k, w0)  # heavy picks among the candidates; the rest fill in
-    need = kc
-    alive = cnt > 0
-    sure = cc < 0
-    lvl_row = lvl_ptr + r64 * (LEVELS * NB)
-    bins = tl.arange(0, NB)
-    for lv in tl.static_range(LEVELS):
-        slo = tl.min(tl.where(alive, s, float("inf")), axis=0)
-        shi = tl.max(tl.where(alive, s, -float("inf")), axis=0)
-        if slo < shi:  # else every remaining combination has one score: done
-            t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
-            bn = tl.minimum(t.to(tl.int32), NB - 1)
-            tl.atomic_add(lvl_row + lv * NB + bn, cnt, mask=alive, sem="relaxed")
-            tl.debug_barrier()
-            hc = tl.load(lvl_row + lv * NB + bins, cache_modifier=".cg")
-            suffix = tl.cumsum(hc, axis=0, reverse=True)  # keys in bins >= b
-            bstar = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
-            above = tl.sum(tl.where(bins > bstar, hc, 0), axis=0)
-            tl.debug_barrier()  # every thread has read the bins before they are cleared
-            tl.store(lvl_row + lv * NB + bn, tl.zeros([NC], tl.int32), mask=alive)
-            sure = sure | (alive & (bn > bstar))
-            alive = alive & (bn == bstar)
-            need = need - above
-    if TIMER:
-        t4 = _now()
-    # the classes are score ranges: every sure combination scores above every one still
-    # in play, which score above every other candidate (the bins are monotone in the
-    # score), and the emit pass recomputes each key's score with the very same float
-    # additions, so comparing with these bounds reproduces the per-combination classes
-    t_sure = tl.min(tl.where(sure, s, float("inf")), axis=0)
-    t_maybe = tl.min(tl.where(alive, s, float("inf")), axis=0)
-    if TIMER:
-        t5 = _now()
-    # 4. one pass over the row: classify, rank, emit
-    total = s_sink + k + s_win
-    sl_row = sl_ptr + r64 * total
-    w_row = w_ptr + r64 * S
-    wty = w_ptr.dtype.element_ty
-    offs = tl.arange(0, TILE)
-    # positions before the first quantized key: sink, zeros (and window, on tiny S)
-    for p0 in range(0, init_offset, TILE):
-        p = p0 + offs
-        pm = p < init_offset
-        is_sink = p < s_sink
-        is_win = p >= ws
-        tl.store(sl_row + p + tl.maximum(p - ws, 0), p.to(tl.int64), mask=pm & is_sink)
-        tl.store(sl_row + tl.minimum(p + 1, s_sink) + (p - ws), p.to(tl.int64), mask=pm & is_win)
-        tl.store(w_row + p, (is_sink | is_win).to(tl.float32).to(wty), mask=pm)
-    # the quantized keys j = p - init_offset, TILE at a time, the next tile's codes
-    # prefetched (loads masked by cap only, a multiple of 16, so they vectorize)
-    crow = codes_ptr + bg * M * cap
-    n0 = _code_row(crow, cap, 0, M, offs)
-    n1 = _code_row(crow, cap, 1, M, offs)
-    if MP > 2:
-        n2 = _code_row(crow, cap, 2, M, offs)
-        n3 = _code_row(crow, cap, 3, M, offs)
+    if tl.program_id(1) == 1:
+        # 5. the new keys' codes, one CTA per KV group (its first head's row index), off
+        # the rows' critical path; the rows never read them this step (not candidates)
+        if h % G == 0:
+            krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
+            for tq in range(n_old, n):
+                for m in range(M):
+                    cbase = ((bg * M + m) * K) * d_c
+                    phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
+                    ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c,
+                                  K, metric_ip, BLOCK_C, BLOCK_DS)
+                    tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
     else:
-        n2 = n0
-        n3 = n0
-    carry_s = 0
-    carry_m = 0
-    for j0 in range(0, n, TILE):
-        c0 = n0
-        c1 = n1
-        c2 = n2
-        c3 = n3
-        j = j0 + offs
-        n0 = _code_row(crow, cap, 0, M, j + TILE)
-        n1 = _code_row(crow, cap, 1, M, j + TILE)
-        if MP > 2:
-            n2 = _code_row(crow, cap, 2, M, j + TILE)
-            n3 = _code_row(crow, cap, 3, M, j + TILE)
-        # the key's score, added in the order the combination scores were (m = 0, 1, ..)
-        cand = j < w0
-        sc = tl.zeros([TILE], tl.float32)
-        sc += tl.load(lut_row + (c0.to(tl.int32) & (K - 1)), mask=cand, other=0.0)
-        sc += tl.load(lut_row + K + (c1.to(tl.int32) & (K - 1)), mask=cand & (M > 1), other=0.0)
-        if MP > 2:
-            sc += tl.load(lut_row + 2 * K + (c2.to(tl.int32) & (K - 1)), mask=cand & (M > 2), other=0.0)
-            sc += tl.load(lut_row + 3 * K + (c3.to(tl.int32) & (K - 1)), mask=cand & (M > 3), other=0.0)
-        p = j + init_offset
-        in_n = j < n
-        fill = (j >= w0) & (j < k)  # fewer candidates than k: the lowest masked keys
-        sflag = (cand & (sc >= t_sure)) | fill
-        mflag = cand & (sc >= t_maybe) & (sc < t_sure)
-        packed = sflag.to(tl.int32) + (mflag.to(tl.int32) << 16)
-        excl = tl.cumsum(packed, axis=0) - packed
-        sb = carry_s + (excl & 0xFFFF)
-        mb = carry_m + (excl >> 16)
-        take = sflag | (mflag & (mb < need))
-        tb = sb + tl.minimum(mb, need)  # heavy entries before p
-        tot = tl.sum(packed, axis=0)
-        carry_s += tot & 0xFFFF
-        carry_m += tot >> 16
-        is_sink = p < s_sink
-        is_win = (p >= ws) & in_n
-        pv = p.to(tl.int64)
-        # equal values sort sink copy, heavy copy, window copy
-        tl.store(sl_row + tl.minimum(p + 1, s_sink) + tb + tl.maximum(p - ws, 0), pv, mask=take)
-        if j0 + init_offset < s_sink:  # this tile holds sink positions
-            tl.store(sl_row + p + tb + tl.maximum(p - ws, 0), pv, mask=is_sink)
-        if j0 + init_offset + TILE > ws:  # this tile holds window positions
-            tl.store(sl_row + tl.minimum(p + 1, s_sink) + tb + take.to(tl.int32) + (p - ws), pv, mask=is_win)
-        tl.store(w_row + p, (is_sink | take | is_win).to(tl.float32).to(wty), mask=in_n)
-    tl.store(len_ptr + r64, total.to(tl.int64))
+        if TIMER:
+            t0 = _now()
+        # 1. the combination histogram: from keys j < histn[r] to the candidates j < w0
+        hist_row = hist_ptr + r64 * NC
+        hn = tl.load(histn_ptr + r)
+        lo = tl.minimum(hn, w0)
+        hi = tl.maximum(hn, w0)
+        sign = tl.where(hn < w0, 1, -1)
+        for j0 in range(lo, hi, DT):
+            jd = j0 + tl.arange(0, DT)
+            jm = jd < hi
+            cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
+            combo = tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
+            tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32) * sign, mask=jm, sem="relaxed")
+        tl.store(histn_ptr + r, w0)
 
-    if TIMER:
-        t6 = _now()
-    # 5. the new keys' codes (first head of the KV group; not candidates this step)
-    if h % G == 0:
-        krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
-        for tq in range(n_old, n):
-            for m in range(M):
-                cbase = ((bg * M + m) * K) * d_c
-                phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
-                ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c, K,
-                              metric_ip, BLOCK_C, BLOCK_DS)
-                tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
-    if TIMER:  # phase timestamps (ns) over the lookup-table scratch, which is dead by now
-        t7 = _now()
-        tb_ptr = lut_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + r64 * (M * K // 2)
-        tl.store(tb_ptr + 0, t0)
-        tl.store(tb_ptr + 1, t1)
-        tl.store(tb_ptr + 2, t2)
-        tl.store(tb_ptr + 3, t3)
-        tl.store(tb_ptr + 4, t4)
-        tl.store(tb_ptr + 5, t5)
-        tl.store(tb_ptr + 6, t6)
-        tl.store(tb_ptr + 7, t7)
+        if TIMER:
+            t1 = _now()
+        # 2. this head's lookup table, into scratch
+        lut_row = lut_ptr + r64 * M * K
+        qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
+        for m in range(M):
+            _store_lut(q_ptr, qrow + m * d_s, cent_ptr, ((bg * M + m) * K) * d_c, d_s, d_c, K, lut_row + m * K, BLOCK_C,
+                       BLOCK_DS)
+        tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
+
+        if TIMER:
+            t2 = _now()
+        # 3. candidates and score per combination, then the threshold
+        cc = tl.arange(0, NC)
+        cvalid = cc < (1 << (M * bits))
+        cnt = tl.load(hist_row + cc, mask=cvalid, other=0, cache_modifier=".cg")
+        s = tl.zeros([NC], tl.float32)
+        for m in range(M):
+            dig = (cc >> ((M - 1 - m) * bits)) & (K - 1)
+            s += tl.load(lut_row + m * K + dig, mask=cvalid, other=0.0)
+        if TIMER:
+            t3 = _now()
+        kc = tl.minimum(k, w0)  # heavy picks among the candidates; the rest fill in
+        need = kc
+        alive = cnt > 0
+        sure = cc < 0
+        lvl_row = lvl_ptr + r64 * (LEVELS * NB)
+        bins = tl.arange(0, NB)
+        for lv in tl.static_range(LEVELS):
+            slo = tl.min(tl.where(alive, s, float("inf")), axis=0)
+            shi = tl.max(tl.where(alive, s, -float("inf")), axis=0)
+            if slo < shi:  # else every remaining combination has one score: done
+                t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
+                bn = tl.minimum(t.to(tl.int32), NB - 1)
+                tl.atomic_add(lvl_row + lv * NB + bn, cnt, mask=alive, sem="relaxed")
+                tl.debug_barrier()
+                hc = tl.load(lvl_row + lv * NB + bins, cache_modifier=".cg")
+                suffix = tl.cumsum(hc, axis=0, reverse=True)  # keys in bins >= b
+                bstar = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
+                above = tl.sum(tl.where(bins > bstar, hc, 0), axis=0)
+                tl.debug_barrier()  # every thread has read the bins before they are cleared
+                tl.store(lvl_row + lv * NB + bn, tl.zeros([NC], tl.int32), mask=alive)
+                sure = sure | (alive & (bn > bstar))
+                alive = alive & (bn == bstar)
+                need = need - above
+            if TIMER:
+                if lv == 0:
+                    t4 = _now()
+        if TIMER:
+            t5 = _now()
+        # the classes are score ranges: every sure combination scores above every one still
+        # in play, which score above every other candidate (the bins are monotone in the
+        # score), and the emit pass recomputes each key's score with the very same float
+        # additions, so comparing with these bounds reproduces the per-combination classes
+        t_sure = tl.min(tl.where(sure, s, float("inf")), axis=0)
+        t_maybe = tl.min(tl.where(alive, s, float("inf")), axis=0)
+        if TIMER:
+            t6 = _now()
+        # 4. one pass over the row: classify, rank, emit
+        total = s_sink + k + s_win
+        sl_row = sl_ptr + r64 * total
+        w_row = w_ptr + r64 * S
+        wty = w_ptr.dtype.element_ty
+        offs = tl.arange(0, TILE)
+        # positions before the first quantized key: sink, zeros (and window, on tiny S)
+        for p0 in range(0, init_offset, TILE):
+            p = p0 + offs
+            pm = p < init_offset
+            is_sink = p < s_sink
+            is_win = p >= ws
+            tl.store(sl_row + p + tl.maximum(p - ws, 0), p.to(tl.int64), mask=pm & is_sink)
+            tl.store(sl_row + tl.minimum(p + 1, s_sink) + (p - ws), p.to(tl.int64), mask=pm & is_win)
+            tl.store(w_row + p, (is_sink | is_win).to(tl.float32).to(wty), mask=pm)
+        # the quantized keys j = p - init_offset: heavy picks among the candidates j < w0,
+        # window keys j >= w0. Common case (no heavy position among the sink ones, k
+        # candidates or more): the taken keys as bit masks per 32 keys, ranked per mask.
+        # Else the generic merge (duplicates between sink / heavy / fill / window).
+        crow = codes_ptr + bg * M * cap
+        if (init_offset >= s_sink) & (w0 >= k):
+            _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_offset, t_sure, t_maybe,
+                        need, MP, TILE)
+        else:
+            _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset, t_sure,
+                          t_maybe, need, MP, TILE)
+        tl.store(len_ptr + r64, total.to(tl.int64))
+
+        if TIMER:  # phase timestamps (ns) over the lookup-table scratch, which is dead by now
+            t7 = _now()
+            tb_ptr = lut_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + r64 * (M * K // 2)
+            tl.store(tb_ptr + 0, t0)
+            tl.store(tb_ptr + 1, t1)
+            tl.store(tb_ptr + 2, t2)
+            tl.store(tb_ptr + 3, t3)
+            tl.store(tb_ptr + 4, t4)
+            tl.store(tb_ptr + 5, t5)
+            tl.store(tb_ptr + 6, t6)
+            tl.store(tb_ptr + 7, t7)
 
 
 # ----------------------------------------------------------------------------------
@@ -278,14 +405,17 @@ def _args(qt, wt):
 
 
 def _variants(qt, wt, mp):
-    # measured on the H100 (NOTES.md, session 3): TILE 2048-4096 with 8-16 warps within
-    # 5% of each other; 32 warps and TILE 8192 (spills) slower
-    default = {"TILE": 2048}
+    # measured on the H100 (NOTES.md, session 4, JIT harness): with M <= 2, TILE 8192 and
+    # 8 warps was the fastest (reference 30.2 us, large 77.1 us) although it spills 84
+    # bytes; TILE 4096 w8 (no spills) 32.9 / 86.9 us. sm_80 and MP=4 (more code rows per
+    # key) keep TILE 4096, which does not spill there.
+    d90 = {"TILE": 8192 if mp == 2 else 4096}
+    d80 = {"TILE": 4096}
     if (qt, wt, mp) in TUNED:
-        v90 = grid(default, 8, 1, num_warps=(8, 16), TILE=(2048, 4096))
+        v90 = grid(d90, 8, 1, num_warps=(8, 16), TILE=(2048, 4096, 8192))
     else:
-        v90 = single(default, 8, 1)
-    return {80: single(default, 8, 1), 90: v90}
+        v90 = single(d90, 8, 1)
+    return {80: single(d80, 8, 1), 90: v90}
 
 
 KERNELS = []

@@ -873,7 +873,8 @@ impl GpuIndexer {
         let rows = self.shape.b * self.shape.h;
         let n = cfg.n_quantized(s);
         let w0 = cfg.window_start(s);
-        // the kernel quantizes the new keys after it has read the candidates' codes
+        // the kernel's quantizing CTAs write the new keys' codes while its row CTAs read
+        // the candidates' codes: only where no new key is a candidate
         let applies = n - n_old <= BULK_QUANTIZE_MIN && w0 <= n_old;
         let wanted = match self.path {
             SelectPath::Chunked => false,
@@ -898,9 +899,11 @@ impl GpuIndexer {
         // sized sparse_list (rows x total), weight (rows x s), codes (cap >= n keys); the
         // kernel reads codes j < max(histn, w0) <= n_old (histn only ever holds an
         // earlier step's w0, or 0 after reset_hist) and writes codes n_old .. n.
+        // Grid: CTA (r, 0) is row r, CTA (r, 1) quantizes for row r's KV group (first
+        // head of the group only; the others exit at once).
         Ok(Some(Launch {
             kernel: k.clone(),
-            grid: [rows as u32, 1, 1],
+            grid: [rows as u32, 2, 1],
             args,
         }))
     }
