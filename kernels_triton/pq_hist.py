@@ -62,6 +62,21 @@ def _code_row(cbase, cap, i: tl.constexpr, M, j):
 
 
 @triton.jit
+def _codes(cbase, cap, M, MP: tl.constexpr, j):
+    """Codes of keys ``j`` for subvectors 0..3 (the last two only when MP > 2; else
+    copies of the first, never read)."""
+    c0 = _code_row(cbase, cap, 0, M, j)
+    c1 = _code_row(cbase, cap, 1, M, j)
+    if MP > 2:
+        c2 = _code_row(cbase, cap, 2, M, j)
+        c3 = _code_row(cbase, cap, 3, M, j)
+    else:
+        c2 = c0
+        c3 = c0
+    return c0, c1, c2, c3
+
+
+@triton.jit
 def _score(lut_row, K, M, MP: tl.constexpr, c0, c1, c2, c3, cand):
     """Scores of keys with codes c0..c3 (0 where not cand), added in the order the
     combination scores were (m = 0, 1, ..), so both compare bit for bit."""
@@ -96,27 +111,13 @@ def _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_
     lane_u = lane.to(tl.uint32)
     jt = wd[:, None] * 32 + lane[None, :]
     wty = w_row.dtype.element_ty
-    n0 = _code_row(crow, cap, 0, M, jt)
-    n1 = _code_row(crow, cap, 1, M, jt)
-    if MP > 2:
-        n2 = _code_row(crow, cap, 2, M, jt)
-        n3 = _code_row(crow, cap, 3, M, jt)
-    else:
-        n2 = n0
-        n3 = n0
+    n0, n1, n2, n3 = _codes(crow, cap, M, MP, jt)
     carry_s = 0  # sure keys before the tile
     carry_m = 0  # maybe keys before the tile
     for j0 in range(0, n, TILE):
-        c0 = n0
-        c1 = n1
-        c2 = n2
-        c3 = n3
+        c0, c1, c2, c3 = n0, n1, n2, n3
         j = j0 + jt
-        n0 = _code_row(crow, cap, 0, M, j + TILE)
-        n1 = _code_row(crow, cap, 1, M, j + TILE)
-        if MP > 2:
-            n2 = _code_row(crow, cap, 2, M, j + TILE)
-            n3 = _code_row(crow, cap, 3, M, j + TILE)
+        n0, n1, n2, n3 = _codes(crow, cap, M, MP, j + TILE)  # the next tile's, prefetched
         cand = j < w0
         sc = _score(lut_row, K, M, MP, c0, c1, c2, c3, cand)
         sflag = cand & (sc >= t_sure)
@@ -174,27 +175,13 @@ def _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws,
     window entries in one ascending list; equal values sort sink, heavy, window."""
     offs = tl.arange(0, TILE)
     wty = w_row.dtype.element_ty
-    n0 = _code_row(crow, cap, 0, M, offs)
-    n1 = _code_row(crow, cap, 1, M, offs)
-    if MP > 2:
-        n2 = _code_row(crow, cap, 2, M, offs)
-        n3 = _code_row(crow, cap, 3, M, offs)
-    else:
-        n2 = n0
-        n3 = n0
+    n0, n1, n2, n3 = _codes(crow, cap, M, MP, offs)
     carry_s = 0
     carry_m = 0
     for j0 in range(0, n, TILE):
-        c0 = n0
-        c1 = n1
-        c2 = n2
-        c3 = n3
+        c0, c1, c2, c3 = n0, n1, n2, n3
         j = j0 + offs
-        n0 = _code_row(crow, cap, 0, M, j + TILE)
-        n1 = _code_row(crow, cap, 1, M, j + TILE)
-        if MP > 2:
-            n2 = _code_row(crow, cap, 2, M, j + TILE)
-            n3 = _code_row(crow, cap, 3, M, j + TILE)
+        n0, n1, n2, n3 = _codes(crow, cap, M, MP, j + TILE)  # the next tile's, prefetched
         cand = j < w0
         sc = _score(lut_row, K, M, MP, c0, c1, c2, c3, cand)
         p = j + init_offset
@@ -406,8 +393,8 @@ def _args(qt, wt):
 
 def _variants(qt, wt, mp):
     # measured on the H100 (NOTES.md, session 4, JIT harness): with M <= 2, TILE 8192 and
-    # 8 warps was the fastest (reference 30.2 us, large 77.1 us) although it spills 84
-    # bytes; TILE 4096 w8 (no spills) 32.9 / 86.9 us. sm_80 and MP=4 (more code rows per
+    # 8 warps was the fastest (reference 30.2 us, large 77.1 us) although it spills (ptxas:
+    # 308 bytes of spill stores); TILE 4096 w8 (no spills) 32.9 / 86.9 us. sm_80 and MP=4 (more code rows per
     # key) keep TILE 4096, which does not spill there.
     d90 = {"TILE": 8192 if mp == 2 else 4096}
     d80 = {"TILE": 4096}

@@ -315,26 +315,14 @@ fn gpu_state_grows_and_round_trips_codes() {
     let cfg = base();
     let shape = sh(1, 8, 4, 6000, 128);
     let n0 = 100;
-    let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
-    let stream = rt.device().new_stream().expect("stream");
-    let mut ix = GpuIndexer::new(
-        rt.clone(),
-        stream.clone(),
-        cfg,
-        shape,
-        &inputs.centroids,
-        None,
-        None,
-    )
-    .expect("indexer");
-    ix.import_codes(&inputs.codes, n0).expect("import");
+    let (mut ix, inputs) = imported_indexer(&rt, cfg, shape, n0, SelectPath::default());
     assert_eq!(
         ix.export_codes().expect("export"),
         inputs.codes,
         "import/export round trip"
     );
     let cap0 = ix.capacity();
-    let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+    let dev = DeviceInputs::upload(ix.stream(), &inputs, &cfg).expect("upload");
     // decode steps S = 6000 - 3 .. 6000: the state grows past its first capacity
     for s in [5997, 5998, 6000] {
         ix.step(dev.query(), dev.key(), s, LaunchMode::Graph)
@@ -357,17 +345,15 @@ fn gpu_state_grows_and_round_trips_codes() {
     assert!(err.to_string().contains("already quantized"), "{err}");
 }
 
-/// A decode loop on one indexer with `path`: codes imported for `S = s0` minus one key,
-/// then graph-mode steps `S = s0 ..= s1`, one new key each. Returns the indexer, the
-/// device and host inputs and every step's info (after a synchronize).
-fn decode_loop(
+/// Random inputs for `shape` with `n0` cached keys and an indexer on a new stream, select
+/// path `path`, holding their codes.
+fn imported_indexer(
     rt: &Arc<Runtime>,
     cfg: PqConfig,
     shape: Shape,
-    (s0, s1): (usize, usize),
+    n0: usize,
     path: SelectPath,
-) -> (GpuIndexer, DeviceInputs, PqInputs, Vec<StepInfo>) {
-    let n0 = cfg.n_quantized(s0) - 1;
+) -> (GpuIndexer, PqInputs) {
     let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
     let stream = rt.device().new_stream().expect("stream");
     let mut ix = GpuIndexer::new(
@@ -382,7 +368,22 @@ fn decode_loop(
     .expect("indexer");
     ix.set_select_path(path);
     ix.import_codes(&inputs.codes, n0).expect("import");
-    let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+    (ix, inputs)
+}
+
+/// A decode loop on one indexer with `path`: codes imported for `S = s0` minus one key,
+/// then graph-mode steps `S = s0 ..= s1`, one new key each. Returns the indexer, the
+/// device and host inputs and every step's info (after a synchronize).
+fn decode_loop(
+    rt: &Arc<Runtime>,
+    cfg: PqConfig,
+    shape: Shape,
+    (s0, s1): (usize, usize),
+    path: SelectPath,
+) -> (GpuIndexer, DeviceInputs, PqInputs, Vec<StepInfo>) {
+    let n0 = cfg.n_quantized(s0) - 1;
+    let (mut ix, inputs) = imported_indexer(rt, cfg, shape, n0, path);
+    let dev = DeviceInputs::upload(ix.stream(), &inputs, &cfg).expect("upload");
     ix.prepare(s1).expect("buffers for the largest step");
     let infos = (s0..=s1)
         .map(|s| {
