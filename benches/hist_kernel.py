@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
 import reference  # noqa: E402
 from compare_outputs import heavy_chosen  # noqa: E402
 from pq_hist import FIXED, pq_hist_kernel  # noqa: E402
+from pq_split import EMIT_FIXED, THRESH_FIXED, pq_emit_kernel, pq_thresh_kernel  # noqa: E402
 
 SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset, small_int)
     "reference": (1, 32, 32, 32000, 128, 2, 6, 128, 128, 128, 128, False),
@@ -40,7 +41,7 @@ SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset
 class Step:
     """The indexer state of one shape plus one launch of the kernel at a given S."""
 
-    def __init__(self, shape, seed, tile, warps, nb=FIXED["NB"]):
+    def __init__(self, shape, seed, tile, warps, nb=FIXED["NB"], split=False):
         B, H, H_kv, S, D, M, bits, sink, win, heavy, io, small = shape
         g = torch.Generator(device="cuda").manual_seed(seed)
         K = 1 << bits
@@ -70,6 +71,12 @@ class Step:
         self.n_old = n_old
         self.S = S
         self.timer = 0
+        self.split = split  # pq_thresh + pq_emit (TILE, warps: the emit's)
+        self.emit_on = True
+        self.cls = torch.zeros(rows, FIXED["NC"], dtype=torch.uint8, device="cuda")
+        self.need = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        self.flag = torch.zeros(rows * (S_max // tile + 2), dtype=torch.int64, device="cuda")
+        self.ctr = torch.zeros(1, dtype=torch.int32, device="cuda")
 
     def prepare(self, S):
         B, H = self.shape[0], self.shape[1]
@@ -86,6 +93,19 @@ class Step:
         B, H, H_kv, _, D, M, bits = self.shape[:7]
         Sk = self.key.shape[2]
         c = self.cfg
+        if self.split:
+            NP = -(-(self.S - c["init_offset"]) // self.tile)
+            ck = pq_thresh_kernel[(B * H, 2)](
+                self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.cls,
+                self.need, self.flag, self.ctr, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
+                D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, NP,
+                MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer), num_warps=8, num_stages=1)
+            if self.emit_on:
+                ck = pq_emit_kernel[(B * H * NP, )](
+                    self.codes, self.cls, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H, H // H_kv, M,
+                    bits, self.S, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], NP,
+                    MP=2, TILE=self.tile, **EMIT_FIXED, num_warps=self.warps, num_stages=1)
+            return ck
         return pq_hist_kernel[(B * H, 2)](
             self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut,
             self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits, D // M,
@@ -101,9 +121,9 @@ class Step:
         torch.cuda.synchronize()
         self.timer = 0
         B, H, M, bits = self.shape[0], self.shape[1], self.shape[5], self.shape[6]
-        t = self.lut.view(torch.int64).view(B * H, M * (1 << bits) // 2)[:, :8].double()
+        t = self.lut.view(torch.int64).view(B * H, M * (1 << bits) // 2)[:, :6].double()
         d = (t[:, 1:] - t[:, :-1]) / 1e3
-        return d.median(0).values.tolist() + [float((t[:, 7] - t[:, 0]).median() / 1e3)]
+        return d.median(0).values.tolist() + [float((t[:, 5] - t[:, 0]).median() / 1e3)]
 
 
 def check(st, cb):
@@ -193,12 +213,13 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--nb", default=str(FIXED["NB"]), help="level-histogram bins, comma-separated")
+    ap.add_argument("--split", action="store_true", help="pq_thresh + pq_emit (tiles/warps: the emit's)")
     a = ap.parse_args()
     rows = []
     for name in a.shapes.split(","):
         for tile in map(int, a.tiles.split(",")):
             for warps, nb in [(w, b) for w in map(int, a.warps.split(",")) for b in map(int, a.nb.split(","))]:
-                st = Step(SHAPES[name], 1234, tile, warps, nb)
+                st = Step(SHAPES[name], 1234, tile, warps, nb, a.split)
                 try:
                     st.prepare(st.S)
                     torch.cuda.synchronize()
@@ -219,9 +240,15 @@ def main():
                     continue
                 gpu, wall = graph_time(st, a.reps)
                 ph = st.phases()
+                extra = ""
+                if a.split:  # the threshold launch alone: the emit is the difference
+                    st.emit_on = False
+                    g_t, _ = graph_time(st, a.reps)
+                    st.emit_on = True
+                    extra = f" | pq_thresh alone {g_t:.2f} GPU us, pq_emit {gpu - g_t:.2f}"
                 print(f"phases {name} TILE={tile} w{warps} NB={nb} (us): delta {ph[0]:.2f} lut {ph[1]:.2f} "
-                      f"load {ph[2]:.2f} round1 {ph[3]:.2f} rounds2+ {ph[4]:.2f} bounds {ph[5]:.2f} emit {ph[6]:.2f} "
-                      f"total {ph[7]:.2f}", flush=True)
+                      f"load {ph[2]:.2f} rounds {ph[3]:.2f} {'classes' if a.split else 'emit'} {ph[4]:.2f} "
+                      f"total {ph[5]:.2f}{extra}", flush=True)
                 res = "ok" if not errs else "FAIL " + "; ".join(errs)
                 rows.append((name, tile, f"{warps}/{nb}", res, (gpu, wall), f"{ck.n_regs}r/{ck.n_spills}s", first_us))
                 print(rows[-1], flush=True)

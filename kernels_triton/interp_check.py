@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from pq_hist import FIXED, pq_hist_kernel  # noqa: E402
+from pq_split import EMIT_FIXED, THRESH_FIXED, pq_emit_kernel, pq_thresh_kernel  # noqa: E402
 
 
 class _Dtype:
@@ -106,6 +107,47 @@ def run_step(st, S, n_old, cfg, tile, mp=2):
         cfg["init_offset"], st["metric_ip"],
         MP=mp, NC=FIXED["NC"], NB=FIXED["NB"], LEVELS=FIXED["LEVELS"], TILE=tile, DT=FIXED["DT"],
         BLOCK_C=FIXED["BLOCK_C"], BLOCK_DS=FIXED["BLOCK_DS"], num_warps=4)
+    return sl.a, ln.a, w.a
+
+
+def split_applies(S, cfg):
+    """The host's condition for the two-launch path (pq_split.py's preconditions)."""
+    io = cfg["init_offset"]
+    n = S - io
+    ws = S - min(cfg["window"], S)
+    return io >= min(cfg["sink"], S) and ws >= io and ws - io >= min(cfg["heavy"], n)
+
+
+def run_split(st, S, n_old, cfg, tile, mp=2):
+    """pq_thresh_kernel then pq_emit_kernel (TILE = ``tile``) for the state ``st`` at S;
+    returns (sparse_list, sparse_len, weight_list) and checks the emit's flags."""
+    B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
+    K = 1 << bits
+    n = S - cfg["init_offset"]
+    s_sink, s_win = min(cfg["sink"], S), min(cfg["window"], S)
+    total = s_sink + min(cfg["heavy"], n) + s_win
+    rows = B * H
+    NP = -(-n // tile)
+    sl = Arr(np.full((rows, total), -7, np.int64))
+    ln = Arr(np.full(rows, -7, np.int64))
+    w = Arr(np.full((rows, S), 7.0, np.float32))
+    cls = Arr(np.full((rows, FIXED["NC"]), 9, np.uint8))
+    need = Arr(np.full(rows, -7, np.int32))
+    flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_thresh zeroes them
+    ctr = Arr(np.full(1, 12345, np.int32))
+    q, key, cent = st["q"], st["key"], st["cent"]
+    Sk = key.a.shape[2]
+    pq_thresh_kernel[(rows, 2)](
+        q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], cls, need, flag, ctr,
+        H * D, D, H_kv * Sk * D, Sk * D, D,
+        H, H // H_kv, M, K, bits, D // M, S, n_old, st["cap"], cfg["heavy"], cfg["init_offset"], cfg["window"],
+        st["metric_ip"], NP, MP=mp, **THRESH_FIXED, num_warps=4)
+    assert not flag.a.any() and ctr.a[0] == 0, "pq_thresh left the emit's flags or counter non-zero"
+    pq_emit_kernel[(rows * NP, )](
+        st["codes"], cls, need, flag, ctr, sl, ln, w, H, H // H_kv, M, bits, S, st["cap"], cfg["sink"], cfg["window"],
+        cfg["heavy"], cfg["init_offset"], NP, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)
+    assert ctr.a[0] == rows * NP, f"emit tickets {ctr.a[0]} != {rows * NP} CTAs"
+    assert np.all(flag.a >= (1 << 62)), "an emit part did not publish its counts"
     return sl.a, ln.a, w.a
 
 
@@ -236,12 +278,16 @@ def main():
         n_old = n0
         S = S0
         plan = [S0 + i for i in range(steps)] + [S0 + steps - 1]  # decode steps, then a replay
+        splits = 0
         for i, S in enumerate(plan):
             n = S - cfg["init_offset"]
             w0 = max(0, S - min(cfg["window"], S) - cfg["init_offset"])
             assert w0 <= n_old, name
-            out = run_step(st, S, n_old, cfg, tile, mp)
-            check(st, S, n_old, cfg, out, f"{name} step {i} S={S}")
+            # odd launches take the two-launch path where it applies (same persistent state)
+            split = i % 2 == 1 and split_applies(S, cfg)
+            out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
+            check(st, S, n_old, cfg, out, f"{name} step {i} S={S}{' (split)' if split else ''}")
+            splits += split
             assert np.all(st["histn"].a == w0), f"{name}: histn {st['histn'].a} != w0 {w0}"
             assert not st["lvl"].a.any(), f"{name}: level histograms not left zero"
             n_old = max(n_old, n)
@@ -255,9 +301,11 @@ def main():
             assert np.array_equal(st["hist"].a[r], want), f"{name}: row {r}: histogram != recount"
         st["histn"].a[:] = 0
         st["hist"].a[:] = 0
-        out = run_step(st, S, n_old, cfg, tile, mp)
+        split = split_applies(S, cfg)
+        out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
         check(st, S, n_old, cfg, out, f"{name} after reset")
-        print(f"  {name}: {len(plan) + 1} launches ok")
+        splits += split
+        print(f"  {name}: {len(plan) + 1} launches ok ({splits} of them split: pq_thresh + pq_emit)")
     print("interp_check: ok")
     return 0
 

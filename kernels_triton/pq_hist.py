@@ -98,6 +98,48 @@ def _popc(x):
 
 
 @triton.jit
+def _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW: tl.constexpr):
+    """The taken keys of [NW] 32-key groups from their sure / maybe bit masks ``bs``,
+    ``bm`` (uint32), popcounts ``ps``, ``pm``, ``packed = ps + (pm << 16)`` and the row's
+    sure / maybe keys before the first group: maybe keys are taken in position order
+    while fewer than ``need`` are (cut inside at most one group per row). Returns (taken
+    bits per group, taken keys of the row before each group, a loop bound >= every
+    group's taken keys)."""
+    excl = tl.cumsum(packed, axis=0) - packed
+    es = carry_s + (excl & 0xFFFF)  # sure keys before each group
+    em = carry_m + (excl >> 16)  # maybe keys before each group
+    ex_t = es + tl.minimum(em, need)  # taken keys before each group
+    xm = need - em  # maybe keys still wanted at each group
+    tm = tl.where(xm >= pm, bm, 0)
+    part = (xm > 0) & (xm < pm)  # at most one group per row: its lowest xm bits
+    # one reduction for the loop bound and `part`
+    mx = tl.max((ps + pm) | (part.to(tl.int32) << 8), axis=0)
+    if mx > 255:
+        rem = bm
+        sel = tl.zeros([NW], tl.uint32)
+        got = tl.zeros([NW], tl.int32)
+        for _ in range(32):
+            low = rem & (0 - rem)
+            sel = tl.where(got < xm, sel | low, sel)
+            got += (low != 0).to(tl.int32)
+            rem = rem ^ low
+        tm = tl.where(part, sel, tm)
+    return bs | tm, ex_t, tl.where(mx > 255, 32, mx)
+
+
+@triton.jit
+def _store_heavy(slot0, ex_t, take, bound, base, wd):
+    """Heavy entries: group ``g``'s taken bits, lowest first, at slots ``slot0 + ex_t[g] +
+    i`` (i64 positions ``base + 32 g + bit``); ``bound`` >= every group's taken bits."""
+    rem = take
+    for it in range(0, bound):
+        low = rem & (0 - rem)
+        bit = _popc(low - 1)
+        tl.store(slot0 + ex_t + it, (base + wd * 32 + bit).to(tl.int64), mask=rem != 0)
+        rem = rem ^ low
+
+
+@triton.jit
 def _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_offset, t_sure, t_maybe, need,
                 MP: tl.constexpr, TILE: tl.constexpr):
     """Emit for rows whose heavy picks all lie between the sink and the window
@@ -126,43 +168,16 @@ def _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_
         bm = tl.sum(mflag.to(tl.uint32) << lane_u[None, :], axis=1)
         ps = _popc(bs)
         pm = _popc(bm)
-        # one prefix sum for both counts (16 bits each: TILE < 65536)
-        packed = ps + (pm << 16)
-        excl = tl.cumsum(packed, axis=0) - packed
-        es = carry_s + (excl & 0xFFFF)  # sure keys before each mask
-        em = carry_m + (excl >> 16)  # maybe keys before each mask
-        ex_t = es + tl.minimum(em, need)  # taken keys before each mask
-        xm = need - em  # maybe keys still wanted at each mask
-        tm = tl.where(xm >= pm, bm, 0)
-        part = (xm > 0) & (xm < pm)  # at most one mask per row: its lowest xm bits
-        # one reduction for the tile's counts, one for the loop bound below and `part`
+        packed = ps + (pm << 16)  # one prefix sum for both counts (16 bits each: TILE < 65536)
         tot = tl.sum(packed, axis=0)
-        mx = tl.max((ps + pm) | (part.to(tl.int32) << 8), axis=0)
-        if mx > 255:
-            rem = bm
-            sel = tl.zeros([NW], tl.uint32)
-            got = tl.zeros([NW], tl.int32)
-            for _ in range(32):
-                low = rem & (0 - rem)
-                sel = tl.where(got < xm, sel | low, sel)
-                got += (low != 0).to(tl.int32)
-                rem = rem ^ low
-            tm = tl.where(part, sel, tm)
-        take = bs | tm
+        take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
         # weights: taken candidates and window keys
         wv = ((take[:, None] >> lane_u[None, :]) & 1) | (j >= w0).to(tl.uint32)
         tl.store(w_row + init_offset + j, wv.to(tl.float32).to(wty), mask=j < n)
         if j0 + TILE > w0:  # window keys in this tile
             wk = (j >= w0) & (j < n)
             tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=wk)
-        # heavy entries: the masks' set bits, lowest first
-        rem = take
-        for it in range(0, tl.where(mx > 255, 32, mx)):  # >= every mask's taken keys
-            low = rem & (0 - rem)
-            bit = _popc(low - 1)
-            pos = j0 + wd * 32 + bit + init_offset
-            tl.store(sl_row + s_sink + ex_t + it, pos.to(tl.int64), mask=rem != 0)
-            rem = rem ^ low
+        _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
         carry_s += tot & 0xFFFF
         carry_m += tot >> 16
 
@@ -211,6 +226,126 @@ def _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws,
 
 
 @triton.jit
+def _quantize_group(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old, n, cap,
+                    init_offset, metric_ip, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
+    """Codes of KV head ``(b, g)``'s new keys ``n_old <= j < n`` (spec step 1)."""
+    krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
+    for tq in range(n_old, n):
+        for m in range(M):
+            cbase = ((bg * M + m) * K) * d_c
+            phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
+            ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c, K,
+                          metric_ip, BLOCK_C, BLOCK_DS)
+            tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
+
+
+@triton.jit
+def _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP: tl.constexpr, DT: tl.constexpr):
+    """Move row ``r``'s combination histogram from the keys ``j < histn[r]`` it counts
+    to the candidates ``j < w0`` (atomics), and set ``histn[r] = w0``."""
+    mm = tl.arange(0, MP)
+    mvalid = mm < M
+    mrow = (bg * M + mm) * cap
+    shift = tl.where(mvalid, (M - 1 - mm) * bits, 0)
+    hn = tl.load(histn_ptr + r)
+    lo = tl.minimum(hn, w0)
+    hi = tl.maximum(hn, w0)
+    sign = tl.where(hn < w0, 1, -1)
+    for j0 in range(lo, hi, DT):
+        jd = j0 + tl.arange(0, DT)
+        jm = jd < hi
+        cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
+        combo = tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
+        tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32) * sign, mask=jm, sem="relaxed")
+    tl.store(histn_ptr + r, w0)
+
+
+@triton.jit
+def _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C: tl.constexpr,
+              BLOCK_DS: tl.constexpr):
+    """Head ``(b, h)``'s lookup table ``lut[m, c] = <q_m, centroids[b,g,m,c,:d_s]>`` into
+    ``lut_row`` (f32 ``[M, K]``)."""
+    qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
+    for m in range(M):
+        _store_lut(q_ptr, qrow + m * d_s, cent_ptr, ((bg * M + m) * K) * d_c, d_s, d_c, K, lut_row + m * K, BLOCK_C,
+                   BLOCK_DS)
+
+
+@triton.jit
+def _combo_scores(hist_row, lut_row, M, K, bits, NC: tl.constexpr):
+    """Per combination ``cc`` (0..NC): candidate keys carrying it and its score, the
+    lookup-table entries added in the order m = 0, 1, .. (as ``_score`` adds them)."""
+    cc = tl.arange(0, NC)
+    cvalid = cc < (1 << (M * bits))
+    cnt = tl.load(hist_row + cc, mask=cvalid, other=0, cache_modifier=".cg")
+    s = tl.zeros([NC], tl.float32)
+    for m in range(M):
+        dig = (cc >> ((M - 1 - m) * bits)) & (K - 1)
+        s += tl.load(lut_row + m * K + dig, mask=cvalid, other=0.0)
+    return cnt, s
+
+
+@triton.jit
+def _rounds(cnt, s, need, lvl_row, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr):
+    """The threshold on the combinations (``cnt`` keys of score ``s`` each): up to LEVELS
+    rounds of an NB-bin histogram (global atomics into ``lvl_row``, left zero) over the
+    score range still in play, each keeping the bin that holds the ``need``-th largest
+    key. Returns ``(t_sure, t_maybe, need)``: every key scoring ``>= t_sure`` is taken,
+    those in ``[t_maybe, t_sure)`` in position order until ``need`` more are (bounds are
+    ``inf`` where a class is empty)."""
+    alive = cnt > 0
+    sure = cnt < 0
+    bins = tl.arange(0, NB)
+    for lv in tl.static_range(LEVELS):
+        slo = tl.min(tl.where(alive, s, float("inf")), axis=0)
+        shi = tl.max(tl.where(alive, s, -float("inf")), axis=0)
+        if slo < shi:  # else every remaining combination has one score: done
+            t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
+            bn = tl.minimum(t.to(tl.int32), NB - 1)
+            tl.atomic_add(lvl_row + lv * NB + bn, cnt, mask=alive, sem="relaxed")
+            tl.debug_barrier()
+            hc = tl.load(lvl_row + lv * NB + bins, cache_modifier=".cg")
+            suffix = tl.cumsum(hc, axis=0, reverse=True)  # keys in bins >= b
+            bstar = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
+            above = tl.sum(tl.where(bins > bstar, hc, 0), axis=0)
+            tl.debug_barrier()  # every thread has read the bins before they are cleared
+            tl.store(lvl_row + lv * NB + bn, tl.zeros([NC], tl.int32), mask=alive)
+            sure = sure | (alive & (bn > bstar))
+            alive = alive & (bn == bstar)
+            need = need - above
+    # the classes are score ranges: every sure combination scores above every one still
+    # in play, which score above every other candidate (the bins are monotone in the
+    # score), and the emit recomputes each key's score with the very same float
+    # additions, so comparing with these bounds reproduces the per-combination classes
+    t_sure = tl.min(tl.where(sure, s, float("inf")), axis=0)
+    t_maybe = tl.min(tl.where(alive, s, float("inf")), axis=0)
+    return t_sure, t_maybe, need
+
+
+@triton.jit
+def _stamp(TIMER: tl.constexpr):
+    """The global timer where TIMER, else 0."""
+    if TIMER:
+        t = _now()
+    else:
+        t = tl.zeros([], tl.int64)
+    return t
+
+
+@triton.jit
+def _store_stamps(lut_ptr, r64, M, K, t0, t1, t2, t3, t4, t5):
+    """Phase timestamps (ns) over the row's lookup-table scratch (dead by then): start,
+    histogram moved, lookup table, combination scores, threshold, end."""
+    tb_ptr = lut_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + r64 * (M * K // 2)
+    tl.store(tb_ptr + 0, t0)
+    tl.store(tb_ptr + 1, t1)
+    tl.store(tb_ptr + 2, t2)
+    tl.store(tb_ptr + 3, t3)
+    tl.store(tb_ptr + 4, t4)
+    tl.store(tb_ptr + 5, t5)
+
+
+@triton.jit
 def pq_hist_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, sl_ptr, len_ptr,
     w_ptr,  #
@@ -236,99 +371,29 @@ def pq_hist_kernel(
     k = tl.minimum(heavy, n)
     d_c = d_s + metric_ip
 
-    # the code rows of this KV head, one per subvector (rows m >= M are masked)
-    mm = tl.arange(0, MP)
-    mvalid = mm < M
-    mrow = (bg * M + mm) * cap
-    shift = tl.where(mvalid, (M - 1 - mm) * bits, 0)
-
     if tl.program_id(1) == 1:
         # 5. the new keys' codes, one CTA per KV group (its first head's row index), off
         # the rows' critical path; the rows never read them this step (not candidates)
         if h % G == 0:
-            krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
-            for tq in range(n_old, n):
-                for m in range(M):
-                    cbase = ((bg * M + m) * K) * d_c
-                    phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
-                    ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c,
-                                  K, metric_ip, BLOCK_C, BLOCK_DS)
-                    tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
+            _quantize_group(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old,
+                            n, cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
     else:
-        if TIMER:
-            t0 = _now()
+        t0 = _stamp(TIMER)
         # 1. the combination histogram: from keys j < histn[r] to the candidates j < w0
         hist_row = hist_ptr + r64 * NC
-        hn = tl.load(histn_ptr + r)
-        lo = tl.minimum(hn, w0)
-        hi = tl.maximum(hn, w0)
-        sign = tl.where(hn < w0, 1, -1)
-        for j0 in range(lo, hi, DT):
-            jd = j0 + tl.arange(0, DT)
-            jm = jd < hi
-            cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
-            combo = tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
-            tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32) * sign, mask=jm, sem="relaxed")
-        tl.store(histn_ptr + r, w0)
-
-        if TIMER:
-            t1 = _now()
+        _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP, DT)
+        t1 = _stamp(TIMER)
         # 2. this head's lookup table, into scratch
         lut_row = lut_ptr + r64 * M * K
-        qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
-        for m in range(M):
-            _store_lut(q_ptr, qrow + m * d_s, cent_ptr, ((bg * M + m) * K) * d_c, d_s, d_c, K, lut_row + m * K, BLOCK_C,
-                       BLOCK_DS)
+        _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
         tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
-
-        if TIMER:
-            t2 = _now()
+        t2 = _stamp(TIMER)
         # 3. candidates and score per combination, then the threshold
-        cc = tl.arange(0, NC)
-        cvalid = cc < (1 << (M * bits))
-        cnt = tl.load(hist_row + cc, mask=cvalid, other=0, cache_modifier=".cg")
-        s = tl.zeros([NC], tl.float32)
-        for m in range(M):
-            dig = (cc >> ((M - 1 - m) * bits)) & (K - 1)
-            s += tl.load(lut_row + m * K + dig, mask=cvalid, other=0.0)
-        if TIMER:
-            t3 = _now()
+        cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
+        t3 = _stamp(TIMER)
         kc = tl.minimum(k, w0)  # heavy picks among the candidates; the rest fill in
-        need = kc
-        alive = cnt > 0
-        sure = cc < 0
-        lvl_row = lvl_ptr + r64 * (LEVELS * NB)
-        bins = tl.arange(0, NB)
-        for lv in tl.static_range(LEVELS):
-            slo = tl.min(tl.where(alive, s, float("inf")), axis=0)
-            shi = tl.max(tl.where(alive, s, -float("inf")), axis=0)
-            if slo < shi:  # else every remaining combination has one score: done
-                t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
-                bn = tl.minimum(t.to(tl.int32), NB - 1)
-                tl.atomic_add(lvl_row + lv * NB + bn, cnt, mask=alive, sem="relaxed")
-                tl.debug_barrier()
-                hc = tl.load(lvl_row + lv * NB + bins, cache_modifier=".cg")
-                suffix = tl.cumsum(hc, axis=0, reverse=True)  # keys in bins >= b
-                bstar = tl.max(tl.where(suffix >= need, bins, -1), axis=0)
-                above = tl.sum(tl.where(bins > bstar, hc, 0), axis=0)
-                tl.debug_barrier()  # every thread has read the bins before they are cleared
-                tl.store(lvl_row + lv * NB + bn, tl.zeros([NC], tl.int32), mask=alive)
-                sure = sure | (alive & (bn > bstar))
-                alive = alive & (bn == bstar)
-                need = need - above
-            if TIMER:
-                if lv == 0:
-                    t4 = _now()
-        if TIMER:
-            t5 = _now()
-        # the classes are score ranges: every sure combination scores above every one still
-        # in play, which score above every other candidate (the bins are monotone in the
-        # score), and the emit pass recomputes each key's score with the very same float
-        # additions, so comparing with these bounds reproduces the per-combination classes
-        t_sure = tl.min(tl.where(sure, s, float("inf")), axis=0)
-        t_maybe = tl.min(tl.where(alive, s, float("inf")), axis=0)
-        if TIMER:
-            t6 = _now()
+        t_sure, t_maybe, need = _rounds(cnt, s, kc, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+        t4 = _stamp(TIMER)
         # 4. one pass over the row: classify, rank, emit
         total = s_sink + k + s_win
         sl_row = sl_ptr + r64 * total
@@ -356,18 +421,9 @@ def pq_hist_kernel(
             _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset, t_sure,
                           t_maybe, need, MP, TILE)
         tl.store(len_ptr + r64, total.to(tl.int64))
-
-        if TIMER:  # phase timestamps (ns) over the lookup-table scratch, which is dead by now
-            t7 = _now()
-            tb_ptr = lut_ptr.to(tl.pointer_type(tl.int64), bitcast=True) + r64 * (M * K // 2)
-            tl.store(tb_ptr + 0, t0)
-            tl.store(tb_ptr + 1, t1)
-            tl.store(tb_ptr + 2, t2)
-            tl.store(tb_ptr + 3, t3)
-            tl.store(tb_ptr + 4, t4)
-            tl.store(tb_ptr + 5, t5)
-            tl.store(tb_ptr + 6, t6)
-            tl.store(tb_ptr + 7, t7)
+        t5 = _stamp(TIMER)
+        if TIMER:
+            _store_stamps(lut_ptr, r64, M, K, t0, t1, t2, t3, t4, t5)
 
 
 # ----------------------------------------------------------------------------------

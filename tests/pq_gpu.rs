@@ -5,8 +5,9 @@
 //!
 //! Every case poisons the outputs first, runs the step with plain launches and again as
 //! a CUDA graph, and requires the two to be bit-identical; each runs once on the chunked
-//! select kernel and once on the histogram kernel where that applies. Skipped, saying
-//! so, on a machine without a CUDA driver or device.
+//! select kernel, once on the histogram kernel (`pq_hist`) and once on the split
+//! histogram path (`pq_thresh` + `pq_emit`) where those apply. Skipped, saying so, on a
+//! machine without a CUDA driver or device.
 
 #[macro_use]
 mod common;
@@ -237,7 +238,7 @@ fn gpu_pipeline_matches_cpu_reference() {
     let Some(rt) = runtime() else { return };
     let seed = seed();
     let mut failures = Vec::new();
-    let (mut runs, mut hist_runs) = (0, 0);
+    let (mut runs, mut hist_runs, mut split_runs) = (0, 0, 0);
     let cases = cases();
     for (i, case) in cases.iter().enumerate() {
         let n_cached = case
@@ -250,7 +251,7 @@ fn gpu_pipeline_matches_cpu_reference() {
             PqInputs::random(&case.cfg, case.shape, n_cached, s)
         }
         .expect("inputs");
-        for path in [SelectPath::Chunked, SelectPath::Hist] {
+        for path in [SelectPath::Chunked, SelectPath::Hist, SelectPath::Split] {
             let t = std::time::Instant::now();
             let ex = match execute_with_path(&rt, &case.cfg, &inputs, None, path, 0, false) {
                 Ok(ex) => ex,
@@ -260,11 +261,14 @@ fn gpu_pipeline_matches_cpu_reference() {
                     continue;
                 }
             };
-            if path == SelectPath::Hist && !ex.hist_path {
-                continue; // the histogram path does not apply: same run as Chunked
+            if (path == SelectPath::Hist && !ex.hist_path)
+                || (path == SelectPath::Split && !ex.split_path)
+            {
+                continue; // that path does not apply: the same run as an earlier one
             }
             runs += 1;
-            hist_runs += usize::from(ex.hist_path);
+            hist_runs += usize::from(ex.hist_path && !ex.split_path);
+            split_runs += usize::from(ex.split_path);
             let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
             let report = if case.exact {
                 check_exact(&case.cfg, &inputs, &ex.output)
@@ -277,7 +281,13 @@ fn gpu_pipeline_matches_cpu_reference() {
                 if ok { "ok  " } else { "FAIL" },
                 i,
                 case.name,
-                if ex.hist_path { "hist" } else { "chunked" },
+                if ex.split_path {
+                    "split"
+                } else if ex.hist_path {
+                    "hist"
+                } else {
+                    "chunked"
+                },
                 case.shape.b,
                 case.shape.h,
                 case.shape.h_kv,
@@ -297,7 +307,7 @@ fn gpu_pipeline_matches_cpu_reference() {
         }
     }
     eprintln!(
-        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases, {runs} runs, {hist_runs} on the histogram path)",
+        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases, {runs} runs, {hist_runs} on pq_hist, {split_runs} split)",
         runs - failures.len(),
         failures.len(),
         cases.len()
@@ -306,6 +316,10 @@ fn gpu_pipeline_matches_cpu_reference() {
     assert!(
         hist_runs >= 12,
         "only {hist_runs} cases ran the histogram path (expected every case with K^M <= 4096 and a long sequence)"
+    );
+    assert!(
+        split_runs >= 8,
+        "only {split_runs} cases ran the split histogram path (expected every pq_hist case whose heavy picks lie between sink and window)"
     );
 }
 
@@ -425,7 +439,10 @@ fn gpu_hist_path_decode_loop_and_reimport() {
     let shape = sh(2, 8, 4, s1, 128);
     let (mut ix, dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Hist);
     for (s, info) in (s0..=s1).zip(&infos) {
-        assert!(info.hist, "S={s}: the histogram path did not run");
+        assert!(
+            info.hist && !info.split,
+            "S={s}: the one-launch histogram path did not run"
+        );
     }
     let captures = infos.iter().filter(|i| i.captured).count();
     assert_eq!(captures, 1, "one capture, then in-place updates");
@@ -454,4 +471,28 @@ fn gpu_hist_path_decode_loop_and_reimport() {
     let report2 = check(&cfg, &inputs2, &out2);
     eprintln!("after re-import: [{report2}]");
     assert!(report2.passed(), "after re-import: {report2}");
+}
+
+#[test]
+fn gpu_split_path_decode_loop() {
+    let Some(rt) = runtime() else { return };
+    let cfg = base();
+    // the split path (pq_thresh + pq_emit) over a decode loop whose parts per row grow:
+    // n = S - 128 crosses 16384, a multiple of every emit TILE (1024 .. 8192 keys per
+    // CTA), so the emit grid changes while the graph is updated in place
+    let (s0, s1) = (16508, 16518);
+    let shape = sh(2, 8, 4, s1, 128);
+    let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Split);
+    for (s, info) in (s0..=s1).zip(&infos) {
+        assert!(
+            info.split && info.launches == 2,
+            "S={s}: the split path did not run: {info:?}"
+        );
+    }
+    let captures = infos.iter().filter(|i| i.captured).count();
+    assert_eq!(captures, 1, "one capture, then in-place updates");
+    let out = ix.download().expect("download");
+    let report = check(&cfg, &inputs, &out);
+    eprintln!("split decode loop S={s0}..={s1}: [{report}]");
+    assert!(report.passed(), "split decode loop: {report}");
 }

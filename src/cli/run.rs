@@ -130,9 +130,10 @@ pub struct RunArgs {
     /// `tritonrt inspect`).
     #[arg(long, value_name = "ID", help_heading = "Backend")]
     pub select_variant: Option<String>,
-    /// Select kernel: `auto` (the histogram kernel for >= 64 rows of >= 32768 keys,
-    /// where it measured faster), `chunked` (always pq_select) or `hist` (pq_hist
-    /// wherever it applies: K^M <= 4096, M <= 4).
+    /// Select kernel: `auto` (the split histogram path for < 64 rows of >= 16384 keys,
+    /// pq_hist for >= 64 rows of >= 32768 keys, else pq_select; where they apply), `chunked` (always pq_select),
+    /// `hist` (pq_hist, one launch, wherever it applies: K^M <= 4096, M <= 4) or
+    /// `split` (pq_thresh + pq_emit wherever they apply, else as `hist`).
     #[arg(long, value_enum, default_value_t = pq::gpu::SelectPath::Auto, help_heading = "Backend")]
     pub select_path: pq::gpu::SelectPath,
     #[command(flatten)]
@@ -245,7 +246,9 @@ pub fn run_gpu(
         "gpu:     {} ({}), select kernel {}",
         ex.device_name,
         rt.device().arch(),
-        if ex.hist_path {
+        if ex.split_path {
+            "pq_thresh + pq_emit (histogram path, split)"
+        } else if ex.hist_path {
             "pq_hist (histogram path)"
         } else {
             ex.select_variant.as_str()

@@ -19,7 +19,12 @@
 //!   not candidates), `pq_hist.m<MP>.q_<qt>.w_<wt>`: one CTA per row finds the threshold
 //!   on a persistent histogram of code combinations (`i32 [B*H, 4096]`, moved by the
 //!   kernel itself from the keys it counted to the step's candidates) and emits in one
-//!   pass over the row (`kernels_triton/pq_hist.py`).
+//!   pass over the row (`kernels_triton/pq_hist.py`);
+//! - or, on the same state where every heavy pick lies between sink and window (the usual
+//!   decode step), the split histogram path: `pq_thresh.m<MP>.q_<qt>` finds each row's
+//!   threshold as `pq_hist` does and writes a class per combination, then
+//!   `pq_emit.m<MP>.w_<wt>` spreads each row's pass over `cdiv(n, TILE)` CTAs that
+//!   exchange their counts through per-part flag words (`kernels_triton/pq_split.py`).
 //!
 //! The steady-state step allocates nothing, copies nothing between host and device and
 //! never synchronizes. [`LaunchMode::Graph`] captures the step once into a CUDA graph per
@@ -56,11 +61,13 @@ const HIST_LEVEL_BINS: usize = 3 * 1024;
 /// Which select kernel a (non-short) step uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SelectPath {
-    /// The histogram path where it applies and the shape favours it: at least 64 rows
-    /// (`B*H`) and 32768 quantized keys. Measured on the H100 (NOTES.md, session 3): one
-    /// CTA per row streams about 1.3 keys/ns, so with fewer rows than SMs the chunked
-    /// kernel, which spreads a row over many CTAs, is as fast or faster (reference
-    /// workload: 29 vs 41 us GPU); with 128 rows of 131k keys it is 2x faster.
+    /// The histogram path where it applies and the shape favours it: split (`pq_thresh`
+    /// and `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
+    /// `pq_hist` for at least 64 rows and 32768 keys, else `pq_select`. Measured on the
+    /// H100 (NOTES.md, sessions 3 and 5): one `pq_hist` CTA per row leaves most SMs idle
+    /// with few rows, where the split path spreads the emit over every SM (reference
+    /// workload: 23 us GPU split, 29 chunked, 30 pq_hist); with 128 rows of 131k keys
+    /// `pq_hist` is fastest (77-81 us, split 83, chunked 250).
     #[default]
     Auto,
     /// Always `pq_select` (top-k per chunk of keys, merged by each row's last CTA).
@@ -68,6 +75,10 @@ pub enum SelectPath {
     /// `pq_hist` whenever it applies (`K^M <= 4096`, `M <= 4`, at most
     /// [`BULK_QUANTIZE_MIN`] new keys, none of them a candidate); else `pq_select`.
     Hist,
+    /// `pq_thresh` + `pq_emit` whenever they apply (as [`SelectPath::Hist`], and
+    /// `init_offset >= min(sink, S)`, `S - min(window, S) - init_offset >= k`); else as
+    /// [`SelectPath::Hist`].
+    Split,
 }
 
 /// How a step is issued.
@@ -128,8 +139,10 @@ pub struct StepInfo {
     pub launches: usize,
     /// Whether a graph was captured (false: replayed, or no graph).
     pub captured: bool,
-    /// Whether the histogram select path (`pq_hist`) ran.
+    /// Whether the histogram select path (`pq_hist`, or split) ran.
     pub hist: bool,
+    /// Whether it ran split: `pq_thresh` + `pq_emit`.
+    pub split: bool,
 }
 
 /// A growable device buffer of `T` (grows only, never shrinks; contents are not kept).
@@ -167,6 +180,9 @@ struct Kernels {
     select: Arc<Kernel>,
     /// `pq_hist.m<MP>.q_<qt>.w_<wt>`, where the config allows it (`K^M <= 4096`, M <= 4).
     hist: Option<Arc<Kernel>>,
+    /// `pq_thresh.m<MP>.q_<qt>` and `pq_emit.m<MP>.w_<wt>` (the split histogram path),
+    /// with the emit variant's `TILE` (positions per CTA); where `hist` is.
+    split: Option<(Arc<Kernel>, Arc<Kernel>, usize)>,
     short: Arc<Kernel>,
     quantize: Arc<Kernel>,
     import: Arc<Kernel>,
@@ -230,6 +246,13 @@ pub struct GpuIndexer {
     histn: DevBuf<i32>,
     hist_lvl: DevBuf<i32>,
     hist_lut: DevBuf<f32>,
+    /// Split path scratch: class per combination `u8 [B*H, HIST_COMBOS]`, maybe keys
+    /// to take `i32 [B*H]`, the emit's part flags `i64 [B*H, cdiv(n, TILE)]` and ticket
+    /// counter `i32 [1]` (both zeroed by `pq_thresh` each step).
+    split_cls: DevBuf<u8>,
+    split_need: DevBuf<i32>,
+    split_flag: DevBuf<i64>,
+    split_ctr: DevBuf<i32>,
     path: SelectPath,
     stage: DevBuf<i64>,
     cand: DevBuf<i64>,
@@ -377,14 +400,24 @@ impl GpuIndexer {
         let qt = dt(cfg.input_dtype);
         let wt = dt(cfg.weight_dtype);
         let combos = k.checked_pow(m as u32).unwrap_or(usize::MAX);
-        let hist = if combos <= HIST_COMBOS && m <= 4 {
+        let (hist, split) = if combos <= HIST_COMBOS && m <= 4 {
             let mp = if m <= 2 { 2 } else { 4 };
-            Some(rt.default_kernel(&format!("pq_hist.m{mp}.q_{qt}.w_{wt}"))?)
+            let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
+            let tile = constexpr_usize(&emit, "TILE")?;
+            (
+                Some(rt.default_kernel(&format!("pq_hist.m{mp}.q_{qt}.w_{wt}"))?),
+                Some((
+                    rt.default_kernel(&format!("pq_thresh.m{mp}.q_{qt}"))?,
+                    emit,
+                    tile,
+                )),
+            )
         } else {
-            None
+            (None, None)
         };
         let kernels = Kernels {
             hist,
+            split,
             chunk: constexpr_usize(&select, "CHUNK")?,
             k_pad: constexpr_usize(&select, "K_PAD")?,
             stage: 2 * constexpr_usize(&select, "K_PAD")?,
@@ -418,6 +451,10 @@ impl GpuIndexer {
             histn: DevBuf::new(),
             hist_lvl: DevBuf::new(),
             hist_lut: DevBuf::new(),
+            split_cls: DevBuf::new(),
+            split_need: DevBuf::new(),
+            split_flag: DevBuf::new(),
+            split_ctr: DevBuf::new(),
             path: SelectPath::default(),
             stage: DevBuf::new(),
             cand: DevBuf::new(),
@@ -437,6 +474,9 @@ impl GpuIndexer {
             me.histn.ensure(&me.stream, rows)?;
             me.hist_lvl.ensure(&me.stream, rows * HIST_LEVEL_BINS)?;
             me.hist_lut.ensure(&me.stream, rows * m * k)?;
+            me.split_cls.ensure(&me.stream, rows * HIST_COMBOS)?;
+            me.split_need.ensure(&me.stream, rows)?;
+            me.split_ctr.ensure(&me.stream, 1)?;
         }
         Ok(me)
     }
@@ -476,6 +516,9 @@ impl GpuIndexer {
         let k = &self.kernels;
         let mut v = vec![k.select.clone(), k.short.clone(), k.quantize.clone()];
         v.extend(k.hist.clone());
+        if let Some((t, e, _)) = &k.split {
+            v.extend([t.clone(), e.clone()]);
+        }
         v
     }
 
@@ -668,6 +711,10 @@ impl GpuIndexer {
             self.stage.ensure(&self.stream, ctas * self.kernels.stage)?;
             self.cand.ensure(&self.stream, ctas * self.kernels.k_pad)?;
             self.grow_codes(n)?;
+            if let Some((_, _, tile)) = self.kernels.split {
+                self.split_flag
+                    .ensure(&self.stream, rows * n.div_ceil(tile))?;
+            }
         }
         Ok(())
     }
@@ -685,6 +732,10 @@ impl GpuIndexer {
             self.histn.ptr(s),
             self.hist_lvl.ptr(s),
             self.hist_lut.ptr(s),
+            self.split_cls.ptr(s),
+            self.split_need.ptr(s),
+            self.split_flag.ptr(s),
+            self.split_ctr.ptr(s),
             self.sparse_list.ptr(s),
             self.sparse_len.ptr(s),
             self.weight.ptr(s),
@@ -730,6 +781,7 @@ impl GpuIndexer {
                 launches: 1,
                 captured: false,
                 hist: false,
+                split: false,
             };
             return Ok((info, vec![launch]));
         }
@@ -738,16 +790,17 @@ impl GpuIndexer {
         let d_s = self.cfg.d_sub(d);
         let n = self.cfg.n_quantized(s);
         let metric_ip = i32::from(self.cfg.metric == Metric::Ip);
-        if let Some(launch) = self.plan_hist(query, key, s, n_old)? {
+        if let Some(launches) = self.plan_hist(query, key, s, n_old)? {
             let info = StepInfo {
                 s,
                 total: self.cfg.total(s),
                 short: false,
-                launches: 1,
+                launches: launches.len(),
                 captured: false,
                 hist: true,
+                split: launches.len() == 2,
             };
-            return Ok((info, vec![launch]));
+            return Ok((info, launches));
         }
         let mut launches = Vec::with_capacity(2);
         let mut n_old_sel = n_old;
@@ -809,6 +862,7 @@ impl GpuIndexer {
             launches: launches.len(),
             captured: false,
             hist: false,
+            split: false,
         };
         Ok((info, launches))
     }
@@ -857,16 +911,18 @@ impl GpuIndexer {
         ])
     }
 
-    /// The histogram path's one launch for a (non-short) step at `s` with `N_cached =
-    /// n_old`, or None where the path does not apply or [`SelectPath`] declines it.
+    /// The histogram path's launches for a (non-short) step at `s` with `N_cached =
+    /// n_old`: `pq_hist` alone, or `pq_thresh` + `pq_emit` (split); None where the path
+    /// does not apply or [`SelectPath`] declines it.
     fn plan_hist(
         &self,
         query: &DeviceTensorRef,
         key: &DeviceTensorRef,
         s: usize,
         n_old: usize,
-    ) -> Result<Option<Launch>> {
-        let Some(k) = &self.kernels.hist else {
+    ) -> Result<Option<Vec<Launch>>> {
+        let (Some(k), Some((thresh, emit, tile))) = (&self.kernels.hist, &self.kernels.split)
+        else {
             return Ok(None);
         };
         let cfg = &self.cfg;
@@ -876,10 +932,21 @@ impl GpuIndexer {
         // the kernel's quantizing CTAs write the new keys' codes while its row CTAs read
         // the candidates' codes: only where no new key is a candidate
         let applies = n - n_old <= BULK_QUANTIZE_MIN && w0 <= n_old;
-        let wanted = match self.path {
-            SelectPath::Chunked => false,
-            SelectPath::Hist => true,
-            SelectPath::Auto => rows >= 64 && n >= 32768,
+        // the split emit's preconditions: every heavy pick between sink and window
+        let split_applies = cfg.init_offset >= cfg.sink_eff(s)
+            && s - cfg.window_eff(s) >= cfg.init_offset
+            && w0 >= cfg.heavy_k(s);
+        let (wanted, split) = match self.path {
+            SelectPath::Chunked => (false, false),
+            SelectPath::Hist => (true, false),
+            SelectPath::Split => (true, split_applies),
+            // measured on the H100 (NOTES.md, session 5): split wins with fewer rows
+            // than SMs (reference: 23 vs 29 us GPU for pq_select), pq_hist with 128 rows
+            // of 131k keys (large: 77-81 vs 83 us)
+            SelectPath::Auto => {
+                let split = split_applies && rows < 64 && n >= 16384;
+                (split || (rows >= 64 && n >= 32768), split)
+            }
         };
         if !(applies && wanted) {
             return Ok(None);
@@ -893,19 +960,60 @@ impl GpuIndexer {
             ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
             ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
         ]);
-        let args = args_by_name(k, &named)?;
-        // Bounds: new() sized hist (rows x HIST_COMBOS), histn (rows), the level bins
-        // (rows x HIST_LEVEL_BINS) and the lookup table (rows x M x K); ensure_buffers
-        // sized sparse_list (rows x total), weight (rows x s), codes (cap >= n keys); the
-        // kernel reads codes j < max(histn, w0) <= n_old (histn only ever holds an
-        // earlier step's w0, or 0 after reset_hist) and writes codes n_old .. n.
-        // Grid: CTA (r, 0) is row r, CTA (r, 1) quantizes for row r's KV group (first
-        // head of the group only; the others exit at once).
-        Ok(Some(Launch {
-            kernel: k.clone(),
-            grid: [rows as u32, 2, 1],
-            args,
-        }))
+        if !split {
+            let args = args_by_name(k, &named)?;
+            // Bounds: new() sized hist (rows x HIST_COMBOS), histn (rows), the level bins
+            // (rows x HIST_LEVEL_BINS) and the lookup table (rows x M x K); ensure_buffers
+            // sized sparse_list (rows x total), weight (rows x s), codes (cap >= n keys); the
+            // kernel reads codes j < max(histn, w0) <= n_old (histn only ever holds an
+            // earlier step's w0, or 0 after reset_hist) and writes codes n_old .. n.
+            // Grid: CTA (r, 0) is row r, CTA (r, 1) quantizes for row r's KV group (first
+            // head of the group only; the others exit at once).
+            return Ok(Some(vec![Launch {
+                kernel: k.clone(),
+                grid: [rows as u32, 2, 1],
+                args,
+            }]));
+        }
+        let parts = n.div_ceil(*tile);
+        let split_named = [
+            ("cls_ptr", KernelArg::Ptr(self.split_cls.ptr(st))),
+            ("need_ptr", KernelArg::Ptr(self.split_need.ptr(st))),
+            ("flag_ptr", KernelArg::Ptr(self.split_flag.ptr(st))),
+            ("ctr_ptr", KernelArg::Ptr(self.split_ctr.ptr(st))),
+            ("NP", i32_arg("parts per row", parts)?),
+        ];
+        // each kernel takes the subset of the shared names its signature lists
+        let pick = |k: &Kernel| -> Vec<(&str, KernelArg)> {
+            let sig = &k.variant().signature;
+            named
+                .iter()
+                .chain(split_named.iter())
+                .filter(|(n, _)| sig.iter().any(|a| a.name == *n))
+                .copied()
+                .collect()
+        };
+        let targs = args_by_name(thresh, &pick(thresh))?;
+        let eargs = args_by_name(emit, &pick(emit))?;
+        // Bounds: as pq_hist above for hist/histn/lvl/lut, codes and the outputs; new()
+        // sized cls (rows x HIST_COMBOS), need (rows) and the ticket counter (1);
+        // ensure_buffers sized the part flags for rows x cdiv(n, TILE) = rows x parts.
+        // pq_thresh (grid as pq_hist's) zeroes the flags and the counter; pq_emit's grid
+        // is exactly rows x parts CTAs, each taking one ticket < rows x parts.
+        let rows_parts = u32::try_from(rows * parts)
+            .map_err(|_| Error::invalid("emit grid", format!("{rows} rows x {parts} parts")))?;
+        Ok(Some(vec![
+            Launch {
+                kernel: thresh.clone(),
+                grid: [rows as u32, 2, 1],
+                args: targs,
+            },
+            Launch {
+                kernel: emit.clone(),
+                grid: [rows_parts, 1, 1],
+                args: eargs,
+            },
+        ]))
     }
 
     /// Issue one step's launches on the stream.
@@ -1348,8 +1456,10 @@ pub struct Execution {
     pub graph_gpu: Option<StepTiming>,
     /// Variant id of the select kernel.
     pub select_variant: String,
-    /// Whether the steps ran the histogram select path (`pq_hist`).
+    /// Whether the steps ran the histogram select path (`pq_hist`, or split).
     pub hist_path: bool,
+    /// Whether they ran it split (`pq_thresh` + `pq_emit`).
+    pub split_path: bool,
     /// Name of the GPU.
     pub device_name: String,
 }
@@ -1482,6 +1592,7 @@ pub fn execute_with_path(
         graph_gpu,
         select_variant: ix.select_variant().to_string(),
         hist_path: first.hist,
+        split_path: first.split,
         device_name: rt.device().name().to_string(),
     })
 }
@@ -1586,7 +1697,9 @@ pub fn bench_shape(
         launch_gpu: timed(ex.launch_gpu),
         graph_gpu: timed(ex.graph_gpu),
         floor_bytes: memory_floor_bytes(cfg, &inputs.shape, inputs.n_cached),
-        select_variant: if ex.hist_path {
+        select_variant: if ex.split_path {
+            "pq_thresh + pq_emit (histogram path, split)".to_string()
+        } else if ex.hist_path {
             "pq_hist (histogram path)".to_string()
         } else {
             ex.select_variant

@@ -1,0 +1,233 @@
+"""The histogram path's decode step in two launches: threshold per row, then the emit
+spread over many CTAs per row (``K^M <= 4096``).
+
+``pq_hist`` (one launch) gives each row one CTA for the whole step, so the pass over the
+row (tens of thousands of keys, ~55 instructions each) runs on B*H SMs only. Here:
+
+``pq_thresh_kernel``, grid ``(B*H, 2)``: steps 1-3 of ``pq_hist`` (combination
+histogram moved to the candidates, lookup table, threshold rounds) and the new keys'
+quantization, then per row a class table ``cls u8 [B*H, NC]`` (per combination: 2 =
+every candidate carrying it is taken, 1 = taken in position order while fewer than
+``need[r]`` are, 0 = none) and ``need i32 [B*H]``. It also zeroes the emit's part flags
+``flag i64 [B*H, NP]`` and its ticket counter ``ctr i32 [1]``.
+
+``pq_emit_kernel``, grid ``(B*H*NP,)`` with ``NP = cdiv(n, TILE)``, ``n = S -
+init_offset``: each CTA takes a ticket (atomic counter) naming its row and part ``c``,
+covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). It classifies its
+candidates through the class table (one u8 gather per key), keeps per 32 keys a bit
+mask of the sure and of the maybe keys, publishes its two counts in its part's flag
+word, adds up the counts of the row's earlier parts (spinning until each has published),
+ranks each taken key by its mask's prefix count and its bit (as ``pq_hist``'s
+``_emit_masks``), then writes its slice of ``weight_list`` and its ``sparse_list`` entries: heavy keys at
+``sink' + rank``, window positions ``p`` at ``sink' + k + (p - ws)``. Part 0 also writes
+the positions before the first key (sink ``p`` at slot ``p``, zero weights) and
+``sparse_len``. Tickets are handed out in launch order of the CTAs
+that run, so every earlier part of a row belongs to a CTA that is already running: the
+spin always ends.
+
+Host preconditions of the split (else ``pq_hist``): ``init_offset >= sink'``, ``S -
+window' >= init_offset`` and ``w0 >= k`` (every heavy pick lies between sink and window,
+no fill-in), the step's new keys are not candidates (``w0 <= n_old``).
+"""
+
+import triton
+import triton.language as tl
+
+from kspec import Kernel, grid, i32, i64, ptr, single
+from pq_hist import (FIXED as HIST_FIXED, _combo_scores, _head_lut, _hist_move, _popc, _quantize_group, _rounds,
+                     _stamp, _store_heavy, _store_stamps, _take_masks)
+
+#: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
+READY = tl.constexpr(1 << 62)
+
+
+@triton.jit
+def pq_thresh_kernel(
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, cls_ptr, need_ptr, flag_ptr,
+    ctr_ptr,  #
+    q_sb, q_sh, k_sb, k_sh, k_ss,  #
+    H, G, M, K, bits, d_s, S, n_old, cap, heavy, init_offset, window, metric_ip, NP,  #
+    MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr, DT: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, TIMER: tl.constexpr = 0,
+):
+    """See the module docstring and README.md (launch contract)."""
+    r = tl.program_id(0)
+    r64 = r.to(tl.int64)
+    b = r // H
+    h = r % H
+    g = h // G
+    H_kv = H // G
+    bg = b.to(tl.int64) * H_kv + g
+    n = S - init_offset
+    w0 = tl.maximum(S - tl.minimum(window, S) - init_offset, 0)
+    k = tl.minimum(heavy, n)
+    d_c = d_s + metric_ip
+    if tl.program_id(1) == 1:
+        if h % G == 0:
+            _quantize_group(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old,
+                            n, cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
+    else:
+        t0 = _stamp(TIMER)
+        # the emit's part flags of this row (and its ticket counter) start at zero
+        for q0 in range(0, NP, 1024):
+            qq = q0 + tl.arange(0, 1024)
+            tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
+        if r == 0:
+            tl.store(ctr_ptr, 0)
+        hist_row = hist_ptr + r64 * NC
+        _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP, DT)
+        t1 = _stamp(TIMER)
+        lut_row = lut_ptr + r64 * M * K
+        _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
+        tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
+        t2 = _stamp(TIMER)
+        cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
+        t3 = _stamp(TIMER)
+        t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+        t4 = _stamp(TIMER)
+        cls = tl.where(s >= t_sure, 2, tl.where(s >= t_maybe, 1, 0))
+        tl.store(cls_ptr + r64 * NC + tl.arange(0, NC), cls.to(tl.uint8))
+        tl.store(need_ptr + r, need)
+        t5 = _stamp(TIMER)
+        if TIMER:
+            _store_stamps(lut_ptr, r64, M, K, t0, t1, t2, t3, t4, t5)
+
+
+@triton.jit
+def pq_emit_kernel(
+    codes_ptr, cls_ptr, need_ptr, flag_ptr, ctr_ptr, sl_ptr, len_ptr, w_ptr,  #
+    H, G, M, bits, S, cap, sink, window, heavy, init_offset, NP,  #
+    MP: tl.constexpr, NC: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr,
+):
+    """See the module docstring and README.md (launch contract)."""
+    tl.static_assert(TILE < 65536)  # two 16-bit counts per int32 in the scan (and < 2^20 per flag field)
+    t = tl.atomic_add(ctr_ptr, 1, sem="relaxed")  # ticket: lower ones are running or done
+    r = t // NP
+    c = t - r * NP
+    r64 = r.to(tl.int64)
+    b = r // H
+    h = r % H
+    g = h // G
+    H_kv = H // G
+    bg = b.to(tl.int64) * H_kv + g
+    n = S - init_offset
+    s_sink = tl.minimum(sink, S)
+    s_win = tl.minimum(window, S)
+    ws = S - s_win
+    w0 = ws - init_offset  # >= k >= 0 (host precondition)
+    k = tl.minimum(heavy, n)
+    total = s_sink + k + s_win
+    need = tl.load(need_ptr + r)
+
+    # this part's keys j0 .. j0 + TILE as [TILE/32, 32]: one 32-key group per row
+    NW: tl.constexpr = TILE // 32
+    wd = tl.arange(0, NW)
+    lane = tl.arange(0, 32)
+    lane_u = lane.to(tl.uint32)
+    j0 = c * TILE
+    j = j0 + wd[:, None] * 32 + lane[None, :]
+    cand = j < w0
+    crow = codes_ptr + bg * M * cap
+    combo = tl.zeros([NW, 32], tl.int32)  # code_0 most significant (as pq_hist counts them)
+    for m in tl.static_range(MP):
+        # masked by j < cap only (cap % 16 == 0, j0 % TILE == 0): vector loads; keys past
+        # w0 are never looked up (their codes may be stale)
+        cm = tl.load(crow + m * cap + j, mask=(j < cap) & (m < M), other=0)
+        combo = tl.where(m < M, (combo << bits) | cm.to(tl.int32), combo)
+    cls = tl.load(cls_ptr + r64 * NC + combo, mask=cand, other=0).to(tl.uint32)
+    bs = tl.sum((cls >> 1) << lane_u[None, :], axis=1)  # sure keys per group; distinct bits: sum = or
+    bm = tl.sum((cls & 1) << lane_u[None, :], axis=1)  # maybe keys per group
+    ps = _popc(bs)
+    pm = _popc(bm)
+    packed = ps + (pm << 16)  # two 16-bit counts per group
+    tot = tl.sum(packed, axis=0)
+    # publish this part's counts, then add up those of the row's earlier parts
+    frow = flag_ptr + r64 * NP
+    word = READY | ((tot & 0xFFFF).to(tl.int64) << 20) | (tot >> 16).to(tl.int64)
+    tl.atomic_xchg(frow + c, word, sem="relaxed")
+    carry_s = 0
+    carry_m = 0
+    if c > 0:
+        # parts publish in ticket order, about: wait on the previous one alone (a scalar
+        # load per thread, no block-wide reduction while spinning), then read them all
+        f = tl.load(frow + c - 1, volatile=True)
+        while f < READY:
+            f = tl.load(frow + c - 1, volatile=True)
+        for q0 in range(0, c, QB):
+            qq = q0 + tl.arange(0, QB)
+            qm = qq < c
+            v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
+            while tl.min(v, axis=0) < READY:
+                v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
+            carry_s += tl.sum(((v >> 20) & 0xFFFFF).to(tl.int32), axis=0)
+            carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
+    take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
+
+    sl_row = sl_ptr + r64 * total
+    w_row = w_ptr + r64 * S
+    wty = w_ptr.dtype.element_ty
+    in_n = j < n
+    wv = ((take[:, None] >> lane_u[None, :]) & 1) | (j >= w0).to(tl.uint32)
+    tl.store(w_row + init_offset + j, wv.to(tl.float32).to(wty), mask=in_n)
+    if j0 + TILE > w0:  # window keys in this part
+        tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & in_n)
+    _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
+    if c == 0:
+        # positions before the first key: the sink (init_offset >= sink') and zeros
+        for p0 in range(0, init_offset, TILE):
+            q = p0 + tl.arange(0, TILE)
+            tl.store(w_row + q, (q < s_sink).to(tl.float32).to(wty), mask=q < init_offset)
+            tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
+        tl.store(len_ptr + r64, total.to(tl.int64))
+
+
+# ----------------------------------------------------------------------------------
+# declarations for the build
+
+DTYPES = ("fp32", "bf16", "fp16")
+MPS = (2, 4)  # code rows loaded per key: M <= MP
+THRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS", "TIMER")}
+EMIT_FIXED = {"NC": HIST_FIXED["NC"], "QB": 64}
+TUNED = {"fp32", "bf16"}
+
+
+def _thresh_args(qt):
+    return (
+        ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
+        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
+        ptr("lut_ptr", "fp32"), ptr("cls_ptr", "u8"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"),
+        ptr("ctr_ptr", "i32"),
+        i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
+        i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("S"), i32("n_old"),
+        i32("cap", div16=True), i32("heavy"), i32("init_offset"), i32("window"), i32("metric_ip"), i32("NP"),
+    )
+
+
+def _emit_args(wt):
+    return (
+        ptr("codes_ptr", "u8"), ptr("cls_ptr", "u8"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"),
+        ptr("ctr_ptr", "i32"), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"), ptr("w_ptr", wt, False),
+        i32("H"), i32("G"), i32("M"), i32("bits"), i32("S"), i32("cap", div16=True), i32("sink"), i32("window"),
+        i32("heavy"), i32("init_offset"), i32("NP"),
+    )
+
+
+def _emit_variants(wt):
+    # measured on the H100 (NOTES.md, session 5, JIT harness, GPU us of pq_thresh +
+    # pq_emit): TILE 4096 w4 reference 24.0 / large 83.3; w8 23.0 / 88.8; TILE 2048 w4
+    # 24.2 / 86.3; TILE 1024 slower (108 us large). TILE 8192 spills with 4 warps.
+    d = {"TILE": 4096}
+    v90 = grid(d, 4, 1, num_warps=(4, 8), TILE=(1024, 2048, 4096, 8192)) if wt in TUNED else single(d, 4, 1)
+    return {80: single(d, 4, 1), 90: v90}
+
+
+KERNELS = []
+for _mp in MPS:
+    for _qt in DTYPES:
+        KERNELS.append(
+            Kernel(name=f"pq_thresh.m{_mp}.q_{_qt}", fn=pq_thresh_kernel, args=_thresh_args(_qt),
+                   fixed=dict(THRESH_FIXED, MP=_mp), variants={80: single({}, 8, 1), 90: single({}, 8, 1)}))
+    for _wt in DTYPES:
+        KERNELS.append(
+            Kernel(name=f"pq_emit.m{_mp}.w_{_wt}", fn=pq_emit_kernel, args=_emit_args(_wt),
+                   fixed=dict(EMIT_FIXED, MP=_mp), variants=_emit_variants(_wt)))
