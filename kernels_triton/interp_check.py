@@ -86,18 +86,21 @@ class Arr:
         return self
 
 
+def poisoned_outputs(rows, S, cfg):
+    """sparse_list, sparse_len, weight_list of one step at S, filled with poison."""
+    n = S - cfg["init_offset"]
+    total = min(cfg["sink"], S) + min(cfg["heavy"], n) + min(cfg["window"], S)
+    return (Arr(np.full((rows, total), -7, np.int64)), Arr(np.full(rows, -7, np.int64)),
+            Arr(np.full((rows, S), 7.0, np.float32)))
+
+
 def run_step(st, S, n_old, cfg, tile, mp=2):
     """One launch of pq_hist_kernel for the state ``st`` at sequence length S; returns
     (sparse_list, sparse_len, weight_list)."""
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     K = 1 << bits
-    n = S - cfg["init_offset"]
-    s_sink, s_win = min(cfg["sink"], S), min(cfg["window"], S)
-    total = s_sink + min(cfg["heavy"], n) + s_win
     rows = B * H
-    sl = Arr(np.full((rows, total), -7, np.int64))
-    ln = Arr(np.full(rows, -7, np.int64))
-    w = Arr(np.full((rows, S), 7.0, np.float32))
+    sl, ln, w = poisoned_outputs(rows, S, cfg)
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
     pq_hist_kernel[(rows, 2)](
@@ -123,14 +126,9 @@ def run_split(st, S, n_old, cfg, tile, mp=2):
     returns (sparse_list, sparse_len, weight_list) and checks the emit's flags."""
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     K = 1 << bits
-    n = S - cfg["init_offset"]
-    s_sink, s_win = min(cfg["sink"], S), min(cfg["window"], S)
-    total = s_sink + min(cfg["heavy"], n) + s_win
     rows = B * H
-    NP = -(-n // tile)
-    sl = Arr(np.full((rows, total), -7, np.int64))
-    ln = Arr(np.full(rows, -7, np.int64))
-    w = Arr(np.full((rows, S), 7.0, np.float32))
+    NP = -(-(S - cfg["init_offset"]) // tile)
+    sl, ln, w = poisoned_outputs(rows, S, cfg)
     cls = Arr(np.full((rows, FIXED["NC"]), 9, np.uint8))
     need = Arr(np.full(rows, -7, np.int32))
     flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_thresh zeroes them
