@@ -71,6 +71,7 @@ class Step:
         self.n_old = n_old
         self.S = S
         self.timer = 0
+        self.levels = FIXED["LEVELS"]
         self.split = split  # pq_thresh + pq_emit (TILE, warps: the emit's)
         self.emit_on = True
         self.cls = torch.zeros(rows, FIXED["NC"], dtype=torch.uint8, device="cuda")
@@ -99,7 +100,7 @@ class Step:
                 self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.cls,
                 self.need, self.flag, self.ctr, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
                 D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, NP,
-                MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer), num_warps=8, num_stages=1)
+                MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels), num_warps=8, num_stages=1)
             if self.emit_on:
                 ck = pq_emit_kernel[(B * H * NP, )](
                     self.codes, self.cls, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H, H // H_kv, M,
@@ -110,7 +111,7 @@ class Step:
             self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut,
             self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits, D // M,
             self.S, self.n_old, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], 0,
-            MP=2, NC=FIXED["NC"], NB=self.nb, LEVELS=FIXED["LEVELS"], TILE=self.tile, DT=FIXED["DT"],
+            MP=2, NC=FIXED["NC"], NB=self.nb, LEVELS=self.levels, TILE=self.tile, DT=FIXED["DT"],
             BLOCK_C=FIXED["BLOCK_C"], BLOCK_DS=FIXED["BLOCK_DS"], TIMER=self.timer, num_warps=self.warps,
             num_stages=1)
 
@@ -214,6 +215,10 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--nb", default=str(FIXED["NB"]), help="level-histogram bins, comma-separated")
     ap.add_argument("--split", action="store_true", help="pq_thresh + pq_emit (tiles/warps: the emit's)")
+    ap.add_argument("--levels", type=int, default=FIXED["LEVELS"],
+                    help="threshold rounds (timing experiments: fewer may break the heavy rule)")
+    ap.add_argument("--no-quant", action="store_true",
+                    help="timed step quantizes nothing (n_old = n): the quantizing CTAs' share of the time")
     a = ap.parse_args()
     rows = []
     for name in a.shapes.split(","):
@@ -230,6 +235,7 @@ def main():
                     errs, cb = check(st, st.cb)
                     st.n_old = cb.shape[1]
                     st.prepare(st.S + 1)  # one decode step later: one new key, histogram += 1 key
+                    st.levels = a.levels
                     st()
                     torch.cuda.synchronize()
                     errs2, _ = check(st, cb)
@@ -238,6 +244,8 @@ def main():
                     rows.append((name, tile, f"{warps}/{nb}", f"ERROR {type(e).__name__}: {str(e)[:300]}", None, "", 0))
                     print(rows[-1], flush=True)
                     continue
+                if a.no_quant:
+                    st.n_old = st.S - st.cfg["init_offset"]
                 gpu, wall = graph_time(st, a.reps)
                 ph = st.phases()
                 extra = ""

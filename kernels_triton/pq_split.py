@@ -42,6 +42,98 @@ READY = tl.constexpr(1 << 62)
 
 
 @triton.jit
+def _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, cls_row, r, r64, b, h, bg, q_sb,
+                   q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr,
+                   LEVELS: tl.constexpr, DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
+                   TIMER: tl.constexpr):
+    """Row ``r``'s steps 1-3 (histogram moved to the candidates, lookup table, threshold
+    rounds), then its class per combination into ``cls_row`` (u8 ``[NC]``: 2 sure, 1
+    maybe, 0). Returns ``need`` (maybe keys still to take) and the phase stamps t1..t4."""
+    hist_row = hist_ptr + r64 * NC
+    _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP, DT)
+    t1 = _stamp(TIMER)
+    lut_row = lut_ptr + r64 * M * K
+    _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
+    tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
+    t2 = _stamp(TIMER)
+    cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
+    t3 = _stamp(TIMER)
+    t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+    t4 = _stamp(TIMER)
+    cls = tl.where(s >= t_sure, 2, tl.where(s >= t_maybe, 1, 0))
+    tl.store(cls_row + tl.arange(0, NC), cls.to(tl.uint8))
+    return need, t1, t2, t3, t4
+
+
+@triton.jit
+def _part_combos(codes_ptr, bg, M, bits, cap, j, MP: tl.constexpr):
+    """Code combination (code_0 most significant, as pq_hist counts them) of keys ``j``
+    (i32 ``[TILE/32, 32]``, one part's keys) of KV head ``bg``; loads masked by ``j <
+    cap`` only (cap % 16 == 0, parts start at multiples of TILE): vector loads. Keys
+    past w0 get stale combinations, never looked up."""
+    crow = codes_ptr + bg * M * cap
+    combo = tl.zeros(j.shape, tl.int32)
+    for m in tl.static_range(MP):
+        cm = tl.load(crow + m * cap + j, mask=(j < cap) & (m < M), other=0)
+        combo = tl.where(m < M, (combo << bits) | cm.to(tl.int32), combo)
+    return combo
+
+
+@triton.jit
+def _emit_part(combo, cls_row, need, frow, sl_row, w_row, len_ptr, r64, c, j0, j, wd, lane_u, n, w0, k, s_sink, s_win,
+               init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
+    """One part's emit (keys ``j = j0 ..``, ``[NW, 32]``): classify through ``cls_row``,
+    publish the part's sure / maybe counts in its flag word ``frow[c]``, add up the
+    earlier parts' (spinning until each has published), rank the taken keys and write
+    the part's weights, window and heavy entries; part 0 also the positions before the
+    first key and ``sparse_len``."""
+    cand = j < w0
+    cls = tl.load(cls_row + combo, mask=cand, other=0).to(tl.uint32)
+    bs = tl.sum((cls >> 1) << lane_u[None, :], axis=1)  # sure keys per group; distinct bits: sum = or
+    bm = tl.sum((cls & 1) << lane_u[None, :], axis=1)  # maybe keys per group
+    ps = _popc(bs)
+    pm = _popc(bm)
+    packed = ps + (pm << 16)  # two 16-bit counts per group
+    tot = tl.sum(packed, axis=0)
+    # publish this part's counts, then add up those of the row's earlier parts
+    word = READY | ((tot & 0xFFFF).to(tl.int64) << 20) | (tot >> 16).to(tl.int64)
+    tl.atomic_xchg(frow + c, word, sem="relaxed")
+    carry_s = 0
+    carry_m = 0
+    if c > 0:
+        # parts publish in ticket order, about: wait on the previous one alone (a scalar
+        # load per thread, no block-wide reduction while spinning), then read them all
+        f = tl.load(frow + c - 1, volatile=True)
+        while f < READY:
+            f = tl.load(frow + c - 1, volatile=True)
+        for q0 in range(0, c, QB):
+            qq = q0 + tl.arange(0, QB)
+            qm = qq < c
+            v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
+            while tl.min(v, axis=0) < READY:
+                v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
+            carry_s += tl.sum(((v >> 20) & 0xFFFFF).to(tl.int32), axis=0)
+            carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
+    take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
+
+    total = s_sink + k + s_win
+    wty = w_row.dtype.element_ty
+    in_n = j < n
+    wv = ((take[:, None] >> lane_u[None, :]) & 1) | (j >= w0).to(tl.uint32)
+    tl.store(w_row + init_offset + j, wv.to(tl.float32).to(wty), mask=in_n)
+    if j0 + TILE > w0:  # window keys in this part
+        tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & in_n)
+    _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
+    if c == 0:
+        # positions before the first key: the sink (init_offset >= sink') and zeros
+        for p0 in range(0, init_offset, TILE):
+            q = p0 + tl.arange(0, TILE)
+            tl.store(w_row + q, (q < s_sink).to(tl.float32).to(wty), mask=q < init_offset)
+            tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
+        tl.store(len_ptr + r64, total.to(tl.int64))
+
+
+@triton.jit
 def pq_thresh_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, cls_ptr, need_ptr, flag_ptr,
     ctr_ptr,  #
@@ -74,19 +166,9 @@ def pq_thresh_kernel(
             tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
         if r == 0:
             tl.store(ctr_ptr, 0)
-        hist_row = hist_ptr + r64 * NC
-        _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP, DT)
-        t1 = _stamp(TIMER)
-        lut_row = lut_ptr + r64 * M * K
-        _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
-        tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
-        t2 = _stamp(TIMER)
-        cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
-        t3 = _stamp(TIMER)
-        t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
-        t4 = _stamp(TIMER)
-        cls = tl.where(s >= t_sure, 2, tl.where(s >= t_maybe, 1, 0))
-        tl.store(cls_ptr + r64 * NC + tl.arange(0, NC), cls.to(tl.uint8))
+        need, t1, t2, t3, t4 = _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr,
+                                              cls_ptr + r64 * NC, r, r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c,
+                                              cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
         tl.store(need_ptr + r, need)
         t5 = _stamp(TIMER)
         if TIMER:
@@ -111,74 +193,21 @@ def pq_emit_kernel(
     H_kv = H // G
     bg = b.to(tl.int64) * H_kv + g
     n = S - init_offset
-    s_sink = tl.minimum(sink, S)
     s_win = tl.minimum(window, S)
-    ws = S - s_win
-    w0 = ws - init_offset  # >= k >= 0 (host precondition)
-    k = tl.minimum(heavy, n)
-    total = s_sink + k + s_win
-    need = tl.load(need_ptr + r)
-
+    w0 = S - s_win - init_offset  # >= k >= 0 (host precondition)
     # this part's keys j0 .. j0 + TILE as [TILE/32, 32]: one 32-key group per row
     NW: tl.constexpr = TILE // 32
     wd = tl.arange(0, NW)
     lane = tl.arange(0, 32)
-    lane_u = lane.to(tl.uint32)
     j0 = c * TILE
     j = j0 + wd[:, None] * 32 + lane[None, :]
-    cand = j < w0
-    crow = codes_ptr + bg * M * cap
-    combo = tl.zeros([NW, 32], tl.int32)  # code_0 most significant (as pq_hist counts them)
-    for m in tl.static_range(MP):
-        # masked by j < cap only (cap % 16 == 0, j0 % TILE == 0): vector loads; keys past
-        # w0 are never looked up (their codes may be stale)
-        cm = tl.load(crow + m * cap + j, mask=(j < cap) & (m < M), other=0)
-        combo = tl.where(m < M, (combo << bits) | cm.to(tl.int32), combo)
-    cls = tl.load(cls_ptr + r64 * NC + combo, mask=cand, other=0).to(tl.uint32)
-    bs = tl.sum((cls >> 1) << lane_u[None, :], axis=1)  # sure keys per group; distinct bits: sum = or
-    bm = tl.sum((cls & 1) << lane_u[None, :], axis=1)  # maybe keys per group
-    ps = _popc(bs)
-    pm = _popc(bm)
-    packed = ps + (pm << 16)  # two 16-bit counts per group
-    tot = tl.sum(packed, axis=0)
-    # publish this part's counts, then add up those of the row's earlier parts
-    frow = flag_ptr + r64 * NP
-    word = READY | ((tot & 0xFFFF).to(tl.int64) << 20) | (tot >> 16).to(tl.int64)
-    tl.atomic_xchg(frow + c, word, sem="relaxed")
-    carry_s = 0
-    carry_m = 0
-    if c > 0:
-        # parts publish in ticket order, about: wait on the previous one alone (a scalar
-        # load per thread, no block-wide reduction while spinning), then read them all
-        f = tl.load(frow + c - 1, volatile=True)
-        while f < READY:
-            f = tl.load(frow + c - 1, volatile=True)
-        for q0 in range(0, c, QB):
-            qq = q0 + tl.arange(0, QB)
-            qm = qq < c
-            v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-            while tl.min(v, axis=0) < READY:
-                v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-            carry_s += tl.sum(((v >> 20) & 0xFFFFF).to(tl.int32), axis=0)
-            carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
-    take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
-
-    sl_row = sl_ptr + r64 * total
-    w_row = w_ptr + r64 * S
-    wty = w_ptr.dtype.element_ty
-    in_n = j < n
-    wv = ((take[:, None] >> lane_u[None, :]) & 1) | (j >= w0).to(tl.uint32)
-    tl.store(w_row + init_offset + j, wv.to(tl.float32).to(wty), mask=in_n)
-    if j0 + TILE > w0:  # window keys in this part
-        tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & in_n)
-    _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
-    if c == 0:
-        # positions before the first key: the sink (init_offset >= sink') and zeros
-        for p0 in range(0, init_offset, TILE):
-            q = p0 + tl.arange(0, TILE)
-            tl.store(w_row + q, (q < s_sink).to(tl.float32).to(wty), mask=q < init_offset)
-            tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
-        tl.store(len_ptr + r64, total.to(tl.int64))
+    combo = _part_combos(codes_ptr, bg, M, bits, cap, j, MP)
+    s_sink = tl.minimum(sink, S)
+    k = tl.minimum(heavy, n)
+    need = tl.load(need_ptr + r)
+    _emit_part(combo, cls_ptr + r64 * NC, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win),
+               w_ptr + r64 * S, len_ptr, r64, c, j0, j, wd, lane.to(tl.uint32), n, w0, k, s_sink, s_win, init_offset,
+               NW, TILE, QB)
 
 
 # ----------------------------------------------------------------------------------
