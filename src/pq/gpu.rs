@@ -64,10 +64,11 @@ pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: split (`pq_thresh`
     /// and `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
     /// `pq_hist` for at least 64 rows and 32768 keys, else `pq_select`. Measured on the
-    /// H100 (NOTES.md, sessions 3 and 5): one `pq_hist` CTA per row leaves most SMs idle
-    /// with few rows, where the split path spreads the emit over every SM (reference
-    /// workload: 23 us GPU split, 29 chunked, 30 pq_hist); with 128 rows of 131k keys
-    /// `pq_hist` is fastest (77-81 us, split 83, chunked 250).
+    /// H100 (NOTES.md, sessions 3, 5 and 6): one `pq_hist` CTA per row leaves most SMs
+    /// idle with few rows, where the split path spreads the emit over every SM (reference
+    /// workload, `tritonrt run` wall per step: 25.2 us split, 32.9 chunked, 35.0
+    /// pq_hist); with 128 rows of 131k keys `pq_hist` is fastest (81.6 us, split 88.8,
+    /// chunked 254.9).
     #[default]
     Auto,
     /// Always `pq_select` (top-k per chunk of keys, merged by each row's last CTA).
@@ -940,9 +941,9 @@ impl GpuIndexer {
             SelectPath::Chunked => (false, false),
             SelectPath::Hist => (true, false),
             SelectPath::Split => (true, split_applies),
-            // measured on the H100 (NOTES.md, session 5): split wins with fewer rows
-            // than SMs (reference: 23 vs 29 us GPU for pq_select), pq_hist with 128 rows
-            // of 131k keys (large: 77-81 vs 83 us)
+            // measured on the H100 (NOTES.md, session 6): split wins with fewer rows
+            // than SMs (reference: 25.2 vs 32.9 us wall for pq_select), pq_hist with 128
+            // rows of 131k keys (large: 81.6 vs 88.8 us split)
             SelectPath::Auto => {
                 let split = split_applies && rows < 64 && n >= 16384;
                 (split || (rows >= 64 && n >= 32768), split)
