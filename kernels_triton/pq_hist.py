@@ -439,6 +439,39 @@ def _store_stamps(lut_ptr, r64, M, K, t0, t1, t2, t3, t4, t5):
 
 
 @triton.jit
+def _row_ids(r, H, G):
+    """Row ``r = b*H + h``'s ids: ``(r64, b, h, g, bg)`` with KV head ``g = h // G`` and
+    ``bg = b*H_kv + g`` (i64), the index of its codes, centroids and phi."""
+    b = r // H
+    h = r % H
+    g = h // G
+    return r.to(tl.int64), b, h, g, b.to(tl.int64) * (H // G) + g
+
+
+@triton.jit
+def _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_row, r, r64, b, h, bg, q_sb, q_sh,
+                   M, K, bits, d_s, d_c, cap, w0, k, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr,
+                   LEVELS: tl.constexpr, DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
+                   TIMER: tl.constexpr):
+    """Row ``r``'s steps 1-3: its combination histogram moved to the candidates ``j <
+    w0``, the head's lookup table into ``lut_row`` (f32 ``[M, K]``), the combination
+    scores and the threshold rounds over the ``min(k, w0)`` heavy picks among the
+    candidates. Returns ``(s, t_sure, t_maybe, need, t1, t2, t3, t4)``: the scores per
+    combination (f32 ``[NC]``), ``_rounds``' bounds and ``need``, the phase stamps."""
+    hist_row = hist_ptr + r64 * NC
+    _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP, DT)
+    t1 = _stamp(TIMER)
+    _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
+    tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
+    t2 = _stamp(TIMER)
+    cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
+    t3 = _stamp(TIMER)
+    t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+    t4 = _stamp(TIMER)
+    return s, t_sure, t_maybe, need, t1, t2, t3, t4
+
+
+@triton.jit
 def pq_hist_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, sl_ptr, len_ptr,
     w_ptr,  #
@@ -450,12 +483,7 @@ def pq_hist_kernel(
     """See the module docstring and README.md (launch contract)."""
     tl.static_assert(TILE < 65536)  # two 16-bit counts share one int32 in the scan
     r = tl.program_id(0)
-    r64 = r.to(tl.int64)
-    b = r // H
-    h = r % H
-    g = h // G
-    H_kv = H // G
-    bg = b.to(tl.int64) * H_kv + g
+    r64, b, h, g, bg = _row_ids(r, H, G)
     n = S - init_offset
     s_sink = tl.minimum(sink, S)
     s_win = tl.minimum(window, S)
@@ -472,21 +500,12 @@ def pq_hist_kernel(
                             n, cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
     else:
         t0 = _stamp(TIMER)
-        # 1. the combination histogram: from keys j < histn[r] to the candidates j < w0
-        hist_row = hist_ptr + r64 * NC
-        _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP, DT)
-        t1 = _stamp(TIMER)
-        # 2. this head's lookup table, into scratch
+        # 1-3. the combination histogram moved to the candidates j < w0, this head's
+        # lookup table (into scratch: the emit scores keys with it), the threshold
         lut_row = lut_ptr + r64 * M * K
-        _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
-        tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
-        t2 = _stamp(TIMER)
-        # 3. candidates and score per combination, then the threshold
-        cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
-        t3 = _stamp(TIMER)
-        kc = tl.minimum(k, w0)  # heavy picks among the candidates; the rest fill in
-        t_sure, t_maybe, need = _rounds(cnt, s, kc, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
-        t4 = _stamp(TIMER)
+        _, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
+            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_row, r, r64, b, h, bg, q_sb, q_sh, M, K,
+            bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
         # 4. one pass over the row: classify, rank, emit
         total = s_sink + k + s_win
         sl_row = sl_ptr + r64 * total

@@ -34,35 +34,11 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_hist import (FIXED as HIST_FIXED, _combo_scores, _head_lut, _hist_move, _popc, _quantize_group, _rounds,
-                     _stamp, _store_heavy, _store_stamps, _take_masks)
+from pq_hist import (FIXED as HIST_FIXED, _popc, _quantize_group, _row_ids, _row_threshold, _stamp, _store_heavy,
+                     _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
 READY = tl.constexpr(1 << 62)
-
-
-@triton.jit
-def _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, cls_row, r, r64, b, h, bg, q_sb,
-                   q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr,
-                   LEVELS: tl.constexpr, DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
-                   TIMER: tl.constexpr):
-    """Row ``r``'s steps 1-3 (histogram moved to the candidates, lookup table, threshold
-    rounds), then its class per combination into ``cls_row`` (u8 ``[NC]``: 2 sure, 1
-    maybe, 0). Returns ``need`` (maybe keys still to take) and the phase stamps t1..t4."""
-    hist_row = hist_ptr + r64 * NC
-    _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP, DT)
-    t1 = _stamp(TIMER)
-    lut_row = lut_ptr + r64 * M * K
-    _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
-    tl.debug_barrier()  # the histogram's atomics and the table's stores, for every thread
-    t2 = _stamp(TIMER)
-    cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
-    t3 = _stamp(TIMER)
-    t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
-    t4 = _stamp(TIMER)
-    cls = tl.where(s >= t_sure, 2, tl.where(s >= t_maybe, 1, 0))
-    tl.store(cls_row + tl.arange(0, NC), cls.to(tl.uint8))
-    return need, t1, t2, t3, t4
 
 
 @triton.jit
@@ -144,12 +120,7 @@ def pq_thresh_kernel(
 ):
     """See the module docstring and README.md (launch contract)."""
     r = tl.program_id(0)
-    r64 = r.to(tl.int64)
-    b = r // H
-    h = r % H
-    g = h // G
-    H_kv = H // G
-    bg = b.to(tl.int64) * H_kv + g
+    r64, b, h, g, bg = _row_ids(r, H, G)
     n = S - init_offset
     w0 = tl.maximum(S - tl.minimum(window, S) - init_offset, 0)
     k = tl.minimum(heavy, n)
@@ -166,9 +137,12 @@ def pq_thresh_kernel(
             tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
         if r == 0:
             tl.store(ctr_ptr, 0)
-        need, t1, t2, t3, t4 = _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr,
-                                              cls_ptr + r64 * NC, r, r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c,
-                                              cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
+        s, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
+            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
+            q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
+        # the class per combination: 2 sure, 1 maybe, 0
+        cls = tl.where(s >= t_sure, 2, tl.where(s >= t_maybe, 1, 0))
+        tl.store(cls_ptr + r64 * NC + tl.arange(0, NC), cls.to(tl.uint8))
         tl.store(need_ptr + r, need)
         t5 = _stamp(TIMER)
         if TIMER:
@@ -186,12 +160,7 @@ def pq_emit_kernel(
     t = tl.atomic_add(ctr_ptr, 1, sem="relaxed")  # ticket: lower ones are running or done
     r = t // NP
     c = t - r * NP
-    r64 = r.to(tl.int64)
-    b = r // H
-    h = r % H
-    g = h // G
-    H_kv = H // G
-    bg = b.to(tl.int64) * H_kv + g
+    r64, b, h, g, bg = _row_ids(r, H, G)
     n = S - init_offset
     s_win = tl.minimum(window, S)
     w0 = S - s_win - init_offset  # >= k >= 0 (host precondition)
