@@ -74,7 +74,7 @@ class Step:
         self.levels = FIXED["LEVELS"]
         self.split = split  # pq_thresh + pq_emit (TILE, warps: the emit's)
         self.emit_on = True
-        self.cls = torch.zeros(rows, FIXED["NC"], dtype=torch.uint8, device="cuda")
+        self.bnd = torch.zeros(rows, 2, dtype=torch.float32, device="cuda")
         self.need = torch.zeros(rows, dtype=torch.int32, device="cuda")
         self.flag = torch.zeros(rows * (S_max // tile + 2), dtype=torch.int64, device="cuda")
         self.ctr = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -97,14 +97,14 @@ class Step:
         if self.split:
             NP = -(-(self.S - c["init_offset"]) // self.tile)
             ck = pq_thresh_kernel[(B * H, 2)](
-                self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.cls,
+                self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bnd,
                 self.need, self.flag, self.ctr, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
                 D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, NP,
                 MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels), num_warps=8, num_stages=1)
             if self.emit_on:
                 ck = pq_emit_kernel[(B * H * NP, )](
-                    self.codes, self.cls, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H, H // H_kv, M,
-                    bits, self.S, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], NP,
+                    self.codes, self.lut, self.bnd, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H,
+                    H // H_kv, M, 1 << bits, self.S, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], NP,
                     MP=2, TILE=self.tile, **EMIT_FIXED, num_warps=self.warps, num_stages=1)
             return ck
         return pq_hist_kernel[(B * H, 2)](

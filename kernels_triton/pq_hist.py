@@ -102,6 +102,21 @@ def _popc(x):
 
 
 @triton.jit
+def _group_masks(sc, cand, t_sure, t_maybe, lane_u):
+    """Per 32-key group (rows of ``sc``, f32 ``[NW, 32]``): bit masks of the sure (``sc >=
+    t_sure``) and maybe (``t_maybe <= sc < t_sure``) candidates (uint32 ``[NW]``), their
+    popcounts and both packed, ``ps + (pm << 16)`` (one prefix sum for both counts: 16
+    bits each, so TILE < 65536)."""
+    sflag = cand & (sc >= t_sure)
+    mflag = cand & (sc >= t_maybe) & (sc < t_sure)
+    bs = tl.sum(sflag.to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
+    bm = tl.sum(mflag.to(tl.uint32) << lane_u[None, :], axis=1)
+    ps = _popc(bs)
+    pm = _popc(bm)
+    return bs, bm, ps, pm, ps + (pm << 16)
+
+
+@triton.jit
 def _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW: tl.constexpr):
     """The taken keys of [NW] 32-key groups from their sure / maybe bit masks ``bs``,
     ``bm`` (uint32), popcounts ``ps``, ``pm``, ``packed = ps + (pm << 16)`` and the row's
@@ -166,13 +181,7 @@ def _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_
         n0, n1, n2, n3 = _codes(crow, cap, M, MP, j + TILE)  # the next tile's, prefetched
         cand = j < w0
         sc = _score(lut_row, K, M, MP, c0, c1, c2, c3, cand)
-        sflag = cand & (sc >= t_sure)
-        mflag = cand & (sc >= t_maybe) & (sc < t_sure)
-        bs = tl.sum(sflag.to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
-        bm = tl.sum(mflag.to(tl.uint32) << lane_u[None, :], axis=1)
-        ps = _popc(bs)
-        pm = _popc(bm)
-        packed = ps + (pm << 16)  # one prefix sum for both counts (16 bits each: TILE < 65536)
+        bs, bm, ps, pm, packed = _group_masks(sc, cand, t_sure, t_maybe, lane_u)
         tot = tl.sum(packed, axis=0)
         take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
         # weights: taken candidates and window keys

@@ -6,24 +6,26 @@ row (tens of thousands of keys, ~55 instructions each) runs on B*H SMs only. Her
 
 ``pq_thresh_kernel``, grid ``(B*H, 2)``: steps 1-3 of ``pq_hist`` (combination
 histogram moved to the candidates, lookup table, threshold rounds) and the new keys'
-quantization, then per row a class table ``cls u8 [B*H, NC]`` (per combination: 2 =
-every candidate carrying it is taken, 1 = taken in position order while fewer than
-``need[r]`` are, 0 = none) and ``need i32 [B*H]``. It also zeroes the emit's part flags
-``flag i64 [B*H, NP]`` and its ticket counter ``ctr i32 [1]``.
+quantization, then per row the class bounds ``bnd f32 [B*H, 2]`` = ``(t_sure,
+t_maybe)`` (every candidate scoring >= t_sure is taken, those scoring in [t_maybe,
+t_sure) in position order while fewer than ``need[r]`` are) and ``need i32 [B*H]``; the
+head's lookup table stays in ``lut f32 [B*H, M, K]`` for the emit. It also zeroes the
+emit's part flags ``flag i64 [B*H, NP]`` and its ticket counter ``ctr i32 [1]``.
 
 ``pq_emit_kernel``, grid ``(B*H*NP,)`` with ``NP = cdiv(n, TILE)``, ``n = S -
 init_offset``: each CTA takes a ticket (atomic counter) naming its row and part ``c``,
-covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). It classifies its
-candidates through the class table (one u8 gather per key), keeps per 32 keys a bit
-mask of the sure and of the maybe keys, publishes its two counts in its part's flag
-word, adds up the counts of the row's earlier parts (spinning until each has published),
-ranks each taken key by its mask's prefix count and its bit (as ``pq_hist``'s
-``_emit_masks``), then writes its slice of ``weight_list`` and its ``sparse_list`` entries: heavy keys at
-``sink' + rank``, window positions ``p`` at ``sink' + k + (p - ws)``. Part 0 also writes
-the positions before the first key (sink ``p`` at slot ``p``, zero weights) and
-``sparse_len``. Tickets are handed out in launch order of the CTAs
-that run, so every earlier part of a row belongs to a CTA that is already running: the
-spin always ends.
+covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). It scores its
+candidates from the lookup table (one f32 gather per key and subvector from a
+``K``-entry row, added in pq_thresh's order, so the classes agree bit for bit),
+classifies them by the bounds, keeps per 32 keys a bit mask of the sure and of the
+maybe keys, publishes its two counts in its part's flag word, adds up the counts of the
+row's earlier parts (spinning until each has published), ranks each taken key by its
+mask's prefix count and its bit (as ``pq_hist``'s ``_emit_masks``), then writes its
+slice of ``weight_list`` and its ``sparse_list`` entries: heavy keys at ``sink' +
+rank``, window positions ``p`` at ``sink' + k + (p - ws)``. Part 0 also writes the
+positions before the first key (sink ``p`` at slot ``p``, zero weights) and
+``sparse_len``. Tickets are handed out in launch order of the CTAs that run, so every
+earlier part of a row belongs to a CTA that is already running: the spin always ends.
 
 Host preconditions of the split (else ``pq_hist``): ``init_offset >= sink'``, ``S -
 window' >= init_offset`` and ``w0 >= k`` (every heavy pick lies between sink and window,
@@ -34,42 +36,34 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_hist import (FIXED as HIST_FIXED, _popc, _quantize_group, _row_ids, _row_threshold, _stamp, _store_heavy,
-                     _store_stamps, _take_masks)
+from pq_hist import (FIXED as HIST_FIXED, _codes, _group_masks, _quantize_group, _row_ids, _row_threshold, _score,
+                     _stamp, _store_heavy, _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
 READY = tl.constexpr(1 << 62)
 
 
 @triton.jit
-def _part_combos(codes_ptr, bg, M, bits, cap, j, MP: tl.constexpr):
-    """Code combination (code_0 most significant, as pq_hist counts them) of keys ``j``
-    (i32 ``[TILE/32, 32]``, one part's keys) of KV head ``bg``; loads masked by ``j <
-    cap`` only (cap % 16 == 0, parts start at multiples of TILE): vector loads. Keys
-    past w0 get stale combinations, never looked up."""
-    crow = codes_ptr + bg * M * cap
-    combo = tl.zeros(j.shape, tl.int32)
-    for m in tl.static_range(MP):
-        cm = tl.load(crow + m * cap + j, mask=(j < cap) & (m < M), other=0)
-        combo = tl.where(m < M, (combo << bits) | cm.to(tl.int32), combo)
-    return combo
+def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, cand, MP: tl.constexpr):
+    """Scores of keys ``j`` (i32 ``[TILE/32, 32]``, one part's keys) of KV head ``bg``
+    from the head's lookup table ``lut_row`` (f32 ``[M, K]``, written by pq_thresh), 0
+    where not ``cand``: added as pq_thresh added the combination scores, so both classify
+    alike bit for bit. Code loads masked by ``j < cap`` only (cap % 16 == 0, parts start
+    at multiples of TILE): vector loads."""
+    c0, c1, c2, c3 = _codes(codes_ptr + bg * M * cap, cap, M, MP, j)
+    return _score(lut_row, K, M, MP, c0, c1, c2, c3, cand)
 
 
 @triton.jit
-def _emit_part(combo, cls_row, need, frow, sl_row, w_row, len_ptr, r64, c, j0, j, wd, lane_u, n, w0, k, s_sink, s_win,
+def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_row, len_ptr, r64, c, j0, j, wd, lane_u, n, w0, k, s_sink, s_win,
                init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
-    """One part's emit (keys ``j = j0 ..``, ``[NW, 32]``): classify through ``cls_row``,
-    publish the part's sure / maybe counts in its flag word ``frow[c]``, add up the
+    """One part's emit (keys ``j = j0 ..``, ``[NW, 32]``, scores ``sc``): classify by the
+    row's bounds (sure: ``sc >= t_sure``, maybe: ``t_maybe <= sc < t_sure``), publish the part's sure / maybe counts in its flag word ``frow[c]``, add up the
     earlier parts' (spinning until each has published), rank the taken keys and write
     the part's weights, window and heavy entries; part 0 also the positions before the
     first key and ``sparse_len``."""
     cand = j < w0
-    cls = tl.load(cls_row + combo, mask=cand, other=0).to(tl.uint32)
-    bs = tl.sum((cls >> 1) << lane_u[None, :], axis=1)  # sure keys per group; distinct bits: sum = or
-    bm = tl.sum((cls & 1) << lane_u[None, :], axis=1)  # maybe keys per group
-    ps = _popc(bs)
-    pm = _popc(bm)
-    packed = ps + (pm << 16)  # two 16-bit counts per group
+    bs, bm, ps, pm, packed = _group_masks(sc, cand, t_sure, t_maybe, lane_u)
     tot = tl.sum(packed, axis=0)
     # publish this part's counts, then add up those of the row's earlier parts
     word = READY | ((tot & 0xFFFF).to(tl.int64) << 20) | (tot >> 16).to(tl.int64)
@@ -111,7 +105,7 @@ def _emit_part(combo, cls_row, need, frow, sl_row, w_row, len_ptr, r64, c, j0, j
 
 @triton.jit
 def pq_thresh_kernel(
-    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, cls_ptr, need_ptr, flag_ptr,
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr,
     ctr_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
     H, G, M, K, bits, d_s, S, n_old, cap, heavy, init_offset, window, metric_ip, NP,  #
@@ -140,9 +134,9 @@ def pq_thresh_kernel(
         s, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
             q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
             q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
-        # the class per combination: 2 sure, 1 maybe, 0
-        cls = tl.where(s >= t_sure, 2, tl.where(s >= t_maybe, 1, 0))
-        tl.store(cls_ptr + r64 * NC + tl.arange(0, NC), cls.to(tl.uint8))
+        # the class bounds: candidates scoring >= t_sure are taken, >= t_maybe in order
+        tl.store(bnd_ptr + 2 * r64, t_sure)
+        tl.store(bnd_ptr + 2 * r64 + 1, t_maybe)
         tl.store(need_ptr + r, need)
         t5 = _stamp(TIMER)
         if TIMER:
@@ -151,9 +145,9 @@ def pq_thresh_kernel(
 
 @triton.jit
 def pq_emit_kernel(
-    codes_ptr, cls_ptr, need_ptr, flag_ptr, ctr_ptr, sl_ptr, len_ptr, w_ptr,  #
-    H, G, M, bits, S, cap, sink, window, heavy, init_offset, NP,  #
-    MP: tl.constexpr, NC: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr,
+    codes_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr, sl_ptr, len_ptr, w_ptr,  #
+    H, G, M, K, S, cap, sink, window, heavy, init_offset, NP,  #
+    MP: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
     tl.static_assert(TILE < 65536)  # two 16-bit counts per int32 in the scan (and < 2^20 per flag field)
@@ -170,11 +164,13 @@ def pq_emit_kernel(
     lane = tl.arange(0, 32)
     j0 = c * TILE
     j = j0 + wd[:, None] * 32 + lane[None, :]
-    combo = _part_combos(codes_ptr, bg, M, bits, cap, j, MP)
+    sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, j < w0, MP)
     s_sink = tl.minimum(sink, S)
     k = tl.minimum(heavy, n)
+    t_sure = tl.load(bnd_ptr + 2 * r64)
+    t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
     need = tl.load(need_ptr + r)
-    _emit_part(combo, cls_ptr + r64 * NC, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win),
+    _emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win),
                w_ptr + r64 * S, len_ptr, r64, c, j0, j, wd, lane.to(tl.uint32), n, w0, k, s_sink, s_win, init_offset,
                NW, TILE, QB)
 
@@ -185,7 +181,7 @@ def pq_emit_kernel(
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows loaded per key: M <= MP
 THRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS", "TIMER")}
-EMIT_FIXED = {"NC": HIST_FIXED["NC"], "QB": 64}
+EMIT_FIXED = {"QB": 64}
 TUNED = {"fp32", "bf16"}
 
 
@@ -193,7 +189,7 @@ def _thresh_args(qt):
     return (
         ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
         ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
-        ptr("lut_ptr", "fp32"), ptr("cls_ptr", "u8"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"),
+        ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"),
         ptr("ctr_ptr", "i32"),
         i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
         i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("S"), i32("n_old"),
@@ -203,9 +199,9 @@ def _thresh_args(qt):
 
 def _emit_args(wt):
     return (
-        ptr("codes_ptr", "u8"), ptr("cls_ptr", "u8"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"),
-        ptr("ctr_ptr", "i32"), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"), ptr("w_ptr", wt, False),
-        i32("H"), i32("G"), i32("M"), i32("bits"), i32("S"), i32("cap", div16=True), i32("sink"), i32("window"),
+        ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"),
+        ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"),
+        ptr("w_ptr", wt, False), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("cap", div16=True), i32("sink"), i32("window"),
         i32("heavy"), i32("init_offset"), i32("NP"),
     )
 

@@ -22,7 +22,7 @@
 //!   pass over the row (`kernels_triton/pq_hist.py`);
 //! - or, on the same state where every heavy pick lies between sink and window (the usual
 //!   decode step), the split histogram path: `pq_thresh.m<MP>.q_<qt>` finds each row's
-//!   threshold as `pq_hist` does and writes a class per combination, then
+//!   threshold as `pq_hist` does and writes its class bounds, then
 //!   `pq_emit.m<MP>.w_<wt>` spreads each row's pass over `cdiv(n, TILE)` CTAs that
 //!   exchange their counts through per-part flag words (`kernels_triton/pq_split.py`).
 //!
@@ -64,10 +64,10 @@ pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: split (`pq_thresh`
     /// and `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
     /// `pq_hist` for at least 64 rows and 32768 keys, else `pq_select`. Measured on the
-    /// H100 (NOTES.md, sessions 3, 5 and 6): one `pq_hist` CTA per row leaves most SMs
+    /// H100 (NOTES.md, sessions 3 and 5-7): one `pq_hist` CTA per row leaves most SMs
     /// idle with few rows, where the split path spreads the emit over every SM (reference
-    /// workload, `tritonrt run` wall per step: 25.2 us split, 32.9 chunked, 35.0
-    /// pq_hist); with 128 rows of 131k keys `pq_hist` is fastest (81.6 us, split 88.8,
+    /// workload, `tritonrt run` wall per step: 25.0 us split, 32.9 chunked, 35.0
+    /// pq_hist); with 128 rows of 131k keys `pq_hist` is fastest (81.6 us, split 85.4,
     /// chunked 254.9).
     #[default]
     Auto,
@@ -247,10 +247,11 @@ pub struct GpuIndexer {
     histn: DevBuf<i32>,
     hist_lvl: DevBuf<i32>,
     hist_lut: DevBuf<f32>,
-    /// Split path scratch: class per combination `u8 [B*H, HIST_COMBOS]`, maybe keys
-    /// to take `i32 [B*H]`, the emit's part flags `i64 [B*H, cdiv(n, TILE)]` and ticket
-    /// counter `i32 [1]` (both zeroed by `pq_thresh` each step).
-    split_cls: DevBuf<u8>,
+    /// Split path scratch: each row's class bounds `f32 [B*H, 2]` (`t_sure`, `t_maybe`:
+    /// `pq_emit` scores keys through `hist_lut` and compares), maybe keys to take `i32
+    /// [B*H]`, the emit's part flags `i64 [B*H, cdiv(n, TILE)]` and ticket counter `i32
+    /// [1]` (both zeroed by `pq_thresh` each step).
+    split_bnd: DevBuf<f32>,
     split_need: DevBuf<i32>,
     split_flag: DevBuf<i64>,
     split_ctr: DevBuf<i32>,
@@ -452,7 +453,7 @@ impl GpuIndexer {
             histn: DevBuf::new(),
             hist_lvl: DevBuf::new(),
             hist_lut: DevBuf::new(),
-            split_cls: DevBuf::new(),
+            split_bnd: DevBuf::new(),
             split_need: DevBuf::new(),
             split_flag: DevBuf::new(),
             split_ctr: DevBuf::new(),
@@ -475,7 +476,7 @@ impl GpuIndexer {
             me.histn.ensure(&me.stream, rows)?;
             me.hist_lvl.ensure(&me.stream, rows * HIST_LEVEL_BINS)?;
             me.hist_lut.ensure(&me.stream, rows * m * k)?;
-            me.split_cls.ensure(&me.stream, rows * HIST_COMBOS)?;
+            me.split_bnd.ensure(&me.stream, rows * 2)?;
             me.split_need.ensure(&me.stream, rows)?;
             me.split_ctr.ensure(&me.stream, 1)?;
         }
@@ -733,7 +734,7 @@ impl GpuIndexer {
             self.histn.ptr(s),
             self.hist_lvl.ptr(s),
             self.hist_lut.ptr(s),
-            self.split_cls.ptr(s),
+            self.split_bnd.ptr(s),
             self.split_need.ptr(s),
             self.split_flag.ptr(s),
             self.split_ctr.ptr(s),
@@ -941,9 +942,9 @@ impl GpuIndexer {
             SelectPath::Chunked => (false, false),
             SelectPath::Hist => (true, false),
             SelectPath::Split => (true, split_applies),
-            // measured on the H100 (NOTES.md, session 6): split wins with fewer rows
-            // than SMs (reference: 25.2 vs 32.9 us wall for pq_select), pq_hist with 128
-            // rows of 131k keys (large: 81.6 vs 88.8 us split)
+            // measured on the H100 (NOTES.md, sessions 6-7): split wins with fewer rows
+            // than SMs (reference: 25.0 vs 32.9 us wall for pq_select, 35.0 for
+            // pq_hist), pq_hist with 128 rows of 131k keys (large: 81.6 vs 85.4 us split)
             SelectPath::Auto => {
                 let split = split_applies && rows < 64 && n >= 16384;
                 (split || (rows >= 64 && n >= 32768), split)
@@ -978,7 +979,7 @@ impl GpuIndexer {
         }
         let parts = n.div_ceil(*tile);
         let split_named = [
-            ("cls_ptr", KernelArg::Ptr(self.split_cls.ptr(st))),
+            ("bnd_ptr", KernelArg::Ptr(self.split_bnd.ptr(st))),
             ("need_ptr", KernelArg::Ptr(self.split_need.ptr(st))),
             ("flag_ptr", KernelArg::Ptr(self.split_flag.ptr(st))),
             ("ctr_ptr", KernelArg::Ptr(self.split_ctr.ptr(st))),
@@ -997,7 +998,8 @@ impl GpuIndexer {
         let targs = args_by_name(thresh, &pick(thresh))?;
         let eargs = args_by_name(emit, &pick(emit))?;
         // Bounds: as pq_hist above for hist/histn/lvl/lut, codes and the outputs; new()
-        // sized cls (rows x HIST_COMBOS), need (rows) and the ticket counter (1);
+        // sized bnd (rows x 2), need (rows) and the ticket counter (1); hist_lut (rows x M x
+        // K) is pq_thresh's output and pq_emit's input;
         // ensure_buffers sized the part flags for rows x cdiv(n, TILE) = rows x parts.
         // pq_thresh (grid as pq_hist's) zeroes the flags and the counter; pq_emit's grid
         // is exactly rows x parts CTAs, each taking one ticket < rows x parts.
