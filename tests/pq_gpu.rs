@@ -18,7 +18,7 @@ use tritonrt::kernel::Runtime;
 use tritonrt::pq::gpu::{
     execute_with_path, open_runtime, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
 };
-use tritonrt::pq::{check, check_exact, DType, Metric, PqConfig, PqInputs, Shape};
+use tritonrt::pq::{check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape};
 
 fn runtime() -> Option<Arc<Runtime>> {
     let ptx = std::env::var("TRITONRT_PTX_CACHE")
@@ -409,6 +409,21 @@ fn decode_loop(
     (ix, dev, inputs, infos)
 }
 
+/// The decode loop's last step checked against the CPU reference by the spec's rule,
+/// after asserting that the whole loop captured its graph once (later steps updated it
+/// in place). Returns the check's report.
+fn loop_checked_once_captured(
+    ix: &GpuIndexer,
+    cfg: &PqConfig,
+    inputs: &PqInputs,
+    infos: &[StepInfo],
+) -> CheckReport {
+    let captures = infos.iter().filter(|i| i.captured).count();
+    assert_eq!(captures, 1, "one capture, then in-place updates");
+    let out = ix.download().expect("download");
+    check(cfg, inputs, &out)
+}
+
 #[test]
 fn gpu_decode_loop_updates_the_graph_in_place() {
     let Some(rt) = runtime() else { return };
@@ -418,14 +433,11 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
     let (s0, s1) = (8310, 8330);
     let shape = sh(1, 8, 4, s1, 128);
     let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Chunked);
-    let captures = infos.iter().filter(|i| i.captured).count();
+    let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
     eprintln!(
-        "decode loop S={s0}..={s1}: {captures} graph capture(s) for {} steps",
+        "decode loop S={s0}..={s1}: 1 graph capture for {} steps: [{report}]",
         s1 - s0 + 1
     );
-    assert_eq!(captures, 1, "one capture, then in-place updates");
-    let out = ix.download().expect("download");
-    let report = check(&cfg, &inputs, &out);
     assert!(report.passed(), "{report}");
 }
 
@@ -444,10 +456,7 @@ fn gpu_hist_path_decode_loop_and_reimport() {
             "S={s}: the one-launch histogram path did not run"
         );
     }
-    let captures = infos.iter().filter(|i| i.captured).count();
-    assert_eq!(captures, 1, "one capture, then in-place updates");
-    let out = ix.download().expect("download");
-    let report = check(&cfg, &inputs, &out);
+    let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
     eprintln!("histogram decode loop S={s0}..={s1}: [{report}]");
     assert!(report.passed(), "decode loop: {report}");
     // replace the codes: the histogram must be recounted, not reused
@@ -489,10 +498,7 @@ fn gpu_split_path_decode_loop() {
             "S={s}: the split path did not run: {info:?}"
         );
     }
-    let captures = infos.iter().filter(|i| i.captured).count();
-    assert_eq!(captures, 1, "one capture, then in-place updates");
-    let out = ix.download().expect("download");
-    let report = check(&cfg, &inputs, &out);
+    let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
     eprintln!("split decode loop S={s0}..={s1}: [{report}]");
     assert!(report.passed(), "split decode loop: {report}");
 }
