@@ -14,18 +14,20 @@ emit's part flags ``flag i64 [B*H, NP]`` and its ticket counter ``ctr i32 [1]``.
 
 ``pq_emit_kernel``, grid ``(B*H*NP,)`` with ``NP = cdiv(n, TILE)``, ``n = S -
 init_offset``: each CTA takes a ticket (atomic counter) naming its row and part ``c``,
-covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). It scores its
-candidates from the lookup table (one f32 gather per key and subvector from a
-``K``-entry row, added in pq_thresh's order, so the classes agree bit for bit),
-classifies them by the bounds, keeps per 32 keys a bit mask of the sure and of the
-maybe keys, publishes its two counts in its part's flag word, adds up the counts of the
-row's earlier parts (spinning until each has published), ranks each taken key by its
-mask's prefix count and its bit (as ``pq_hist``'s ``_emit_masks``), then writes its
-slice of ``weight_list`` and its ``sparse_list`` entries: heavy keys at ``sink' +
-rank``, window positions ``p`` at ``sink' + k + (p - ws)``. Part 0 also writes the
-positions before the first key (sink ``p`` at slot ``p``, zero weights) and
-``sparse_len``. Tickets are handed out in launch order of the CTAs that run, so every
-earlier part of a row belongs to a CTA that is already running: the spin always ends.
+covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). It scores all its keys
+from the lookup table (one f32 gather per key and subvector from a ``K``-entry row,
+unmasked; added in pq_thresh's order, so the classes agree bit for bit), keeps per 32
+keys a bit mask of the sure and of the maybe keys (candidates ``j < w0`` selected per
+group, not per key), publishes its two counts in its part's flag word, adds up the
+counts of the row's earlier parts (spinning until each has published), ranks each taken
+key by its mask's prefix count and its bit (as ``pq_hist``'s ``_emit_masks``), then
+writes its slice of ``weight_list`` in 16-byte stores (``w_ptr`` 16-byte aligned; the
+slice shifted onto 16-byte boundaries, see ``_store_weights``) and its ``sparse_list``
+entries: heavy keys at ``sink' + rank``, window positions ``p`` at ``sink' + k + (p -
+ws)``. Part 0 also writes the positions before the first key (sink ``p`` at slot ``p``,
+zero weights) and ``sparse_len``. Tickets are handed out in launch order of the CTAs
+that run, so every earlier part of a row belongs to a CTA that is already running: the
+spin always ends.
 
 Host preconditions of the split (else ``pq_hist``): ``init_offset >= sink'``, ``S -
 window' >= init_offset`` and ``w0 >= k`` (every heavy pick lies between sink and window,
@@ -36,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_hist import (FIXED as HIST_FIXED, _codes, _group_masks, _quantize_group, _row_ids, _row_threshold, _score,
+from pq_hist import (FIXED as HIST_FIXED, _codes, _popc, _quantize_group, _row_ids, _row_threshold,
                      _stamp, _store_heavy, _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
@@ -44,26 +46,82 @@ READY = tl.constexpr(1 << 62)
 
 
 @triton.jit
-def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, cand, MP: tl.constexpr):
+def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP: tl.constexpr):
     """Scores of keys ``j`` (i32 ``[TILE/32, 32]``, one part's keys) of KV head ``bg``
-    from the head's lookup table ``lut_row`` (f32 ``[M, K]``, written by pq_thresh), 0
-    where not ``cand``: added as pq_thresh added the combination scores, so both classify
-    alike bit for bit. Code loads masked by ``j < cap`` only (cap % 16 == 0, parts start
-    at multiples of TILE): vector loads."""
+    from the head's lookup table ``lut_row`` (f32 ``[M, K]``, written by pq_thresh): the
+    entries added in pq_thresh's order (m = 0, 1, ..; + 0.0 for m >= M), so both classify
+    alike bit for bit. Every key is scored, candidate or not (the gathers stay inside the
+    table: codes masked to ``K - 1``, rows m >= M read row M - 1 and add 0.0); the caller
+    masks the classes per 32-key group. Code loads masked by ``j < cap`` only (cap % 16 ==
+    0, parts start at multiples of TILE): vector loads."""
     c0, c1, c2, c3 = _codes(codes_ptr + bg * M * cap, cap, M, MP, j)
-    return _score(lut_row, K, M, MP, c0, c1, c2, c3, cand)
+    sc = tl.load(lut_row + (c0.to(tl.uint32) & (K - 1)))
+    sc += tl.where(M > 1, tl.load(lut_row + tl.minimum(M - 1, 1) * K + (c1.to(tl.uint32) & (K - 1))), 0.0)
+    if MP > 2:
+        sc += tl.where(M > 2, tl.load(lut_row + tl.minimum(M - 1, 2) * K + (c2.to(tl.uint32) & (K - 1))), 0.0)
+        sc += tl.where(M > 3, tl.load(lut_row + tl.minimum(M - 1, 3) * K + (c3.to(tl.uint32) & (K - 1))), 0.0)
+    return sc
 
 
 @triton.jit
-def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_row, len_ptr, r64, c, j0, j, wd, lane_u, n, w0, k, s_sink, s_win,
-               init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
+def _low_bits(g0, lim):
+    """Per 32-key group starting at key ``g0`` (i32 ``[NW]``): the bits of its keys ``j <
+    lim`` (uint32)."""
+    nv = tl.minimum(tl.maximum(lim - g0, 0), 32)
+    return tl.where(nv >= 32, 0xFFFFFFFF, (1 << tl.minimum(nv, 31).to(tl.uint32)) - 1).to(tl.uint32)
+
+
+@triton.jit
+def _store_weights(w_ptr, wb, r64, S, init_offset, j0, j, wd, lane, lane_u, n, TILE: tl.constexpr,
+                   NW: tl.constexpr):
+    """A part's weights (keys ``j0 .. j0 + TILE``; ``wb``: uint32 bits per 32-key group) in
+    16-byte stores: the part's flat range starts ``dl = (r*S + init_offset + j0) % VEC``
+    elements past a 16-byte boundary (S is any length), so the groups are stored shifted
+    back by ``dl`` keys (each group's bits moved up by ``dl``, the previous group's top
+    ``dl`` bits below them): groups 1.. of that view whole, group 0 from lane ``dl`` on, the
+    part's last ``dl`` keys apart. The row's last part (keys past ``n``) stores key by
+    key."""
+    wty = w_ptr.dtype.element_ty
+    VEC: tl.constexpr = 16 // (wty.primitive_bitwidth // 8)
+    base = r64 * S + init_offset + j0
+    dl = (base % VEC).to(tl.int32)
+    if j0 + TILE <= n:
+        off = tl.multiple_of(base - dl, VEC)
+        dlu = dl.to(tl.uint32)
+        prev = tl.gather(wb, tl.maximum(wd - 1, 0), 0)
+        wsh = (wb << dlu) | tl.where((wd > 0) & (dl > 0), prev >> (32 - dlu), 0)
+        wv = tl.where(((wsh[:, None] >> lane_u[None, :]) & 1) != 0, 1.0, 0.0).to(wty)
+        tl.store(w_ptr + off + (wd * 32)[:, None] + lane[None, :], wv, mask=(wd > 0)[:, None])
+        first = tl.sum(tl.where(wd == 0, wsh, 0), axis=0)
+        tl.store(w_ptr + off + lane, tl.where(((first >> lane_u) & 1) != 0, 1.0, 0.0).to(wty), mask=lane >= dl)
+        last = tl.sum(tl.where(wd == NW - 1, wb, 0), axis=0)
+        tv = tl.arange(0, VEC)
+        tb = (last >> (32 - dlu + tv.to(tl.uint32))) & 1
+        tl.store(w_ptr + off + TILE + tv, tl.where(tb != 0, 1.0, 0.0).to(wty), mask=tv < dl)
+    else:
+        wv = tl.where(((wb[:, None] >> lane_u[None, :]) & 1) != 0, 1.0, 0.0).to(wty)
+        tl.store(w_ptr + r64 * S + init_offset + j, wv, mask=j < n)
+
+
+@triton.jit
+def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane, S, n, w0, k,
+               s_sink, s_win, init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
     """One part's emit (keys ``j = j0 ..``, ``[NW, 32]``, scores ``sc``): classify by the
-    row's bounds (sure: ``sc >= t_sure``, maybe: ``t_maybe <= sc < t_sure``), publish the part's sure / maybe counts in its flag word ``frow[c]``, add up the
-    earlier parts' (spinning until each has published), rank the taken keys and write
-    the part's weights, window and heavy entries; part 0 also the positions before the
-    first key and ``sparse_len``."""
-    cand = j < w0
-    bs, bm, ps, pm, packed = _group_masks(sc, cand, t_sure, t_maybe, lane_u)
+    row's bounds per 32-key group (sure: ``sc >= t_sure``, maybe: ``t_maybe <= sc <
+    t_sure``, candidates ``j < w0`` only), publish the part's sure / maybe counts in its
+    flag word ``frow[c]``, add up the earlier parts' (spinning until each has
+    published), rank the taken keys and write the part's weights, window and heavy
+    entries; part 0 also the positions before the first key and ``sparse_len``."""
+    lane_u = lane.to(tl.uint32)
+    g0 = j0 + wd * 32
+    cand = _low_bits(g0, w0)
+    ge_s = tl.sum((sc >= t_sure).to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
+    ge_m = tl.sum((sc >= t_maybe).to(tl.uint32) << lane_u[None, :], axis=1)
+    bs = ge_s & cand
+    bm = ge_m & cand & (bs ^ 0xFFFFFFFF)
+    ps = _popc(bs)
+    pm = _popc(bm)
+    packed = ps + (pm << 16)
     tot = tl.sum(packed, axis=0)
     # publish this part's counts, then add up those of the row's earlier parts
     word = READY | ((tot & 0xFFFF).to(tl.int64) << 20) | (tot >> 16).to(tl.int64)
@@ -86,16 +144,17 @@ def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_row, len_ptr, r64, c, 
             carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
     take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
 
+    # weights: taken candidates and window keys (w0 <= j < n)
+    _store_weights(w_ptr, take | (_low_bits(g0, n) & (cand ^ 0xFFFFFFFF)), r64, S, init_offset, j0, j, wd, lane, lane_u, n, TILE,
+                   NW)
     total = s_sink + k + s_win
-    wty = w_row.dtype.element_ty
-    in_n = j < n
-    wv = ((take[:, None] >> lane_u[None, :]) & 1) | (j >= w0).to(tl.uint32)
-    tl.store(w_row + init_offset + j, wv.to(tl.float32).to(wty), mask=in_n)
     if j0 + TILE > w0:  # window keys in this part
-        tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & in_n)
+        tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & (j < n))
     _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
     if c == 0:
         # positions before the first key: the sink (init_offset >= sink') and zeros
+        wty = w_ptr.dtype.element_ty
+        w_row = w_ptr + r64 * S
         for p0 in range(0, init_offset, TILE):
             q = p0 + tl.arange(0, TILE)
             tl.store(w_row + q, (q < s_sink).to(tl.float32).to(wty), mask=q < init_offset)
@@ -164,15 +223,14 @@ def pq_emit_kernel(
     lane = tl.arange(0, 32)
     j0 = c * TILE
     j = j0 + wd[:, None] * 32 + lane[None, :]
-    sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, j < w0, MP)
+    sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
     s_sink = tl.minimum(sink, S)
     k = tl.minimum(heavy, n)
     t_sure = tl.load(bnd_ptr + 2 * r64)
     t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
     need = tl.load(need_ptr + r)
-    _emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win),
-               w_ptr + r64 * S, len_ptr, r64, c, j0, j, wd, lane.to(tl.uint32), n, w0, k, s_sink, s_win, init_offset,
-               NW, TILE, QB)
+    _emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win), w_ptr, len_ptr,
+               r64, c, j0, j, wd, lane, S, n, w0, k, s_sink, s_win, init_offset, NW, TILE, QB)
 
 
 # ----------------------------------------------------------------------------------
@@ -201,7 +259,7 @@ def _emit_args(wt):
     return (
         ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"),
         ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"),
-        ptr("w_ptr", wt, False), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("cap", div16=True), i32("sink"), i32("window"),
+        ptr("w_ptr", wt), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("cap", div16=True), i32("sink"), i32("window"),
         i32("heavy"), i32("init_offset"), i32("NP"),
     )
 

@@ -64,11 +64,11 @@ pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: split (`pq_thresh`
     /// and `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
     /// `pq_hist` for at least 64 rows and 32768 keys, else `pq_select`. Measured on the
-    /// H100 (NOTES.md, sessions 3 and 5-7): one `pq_hist` CTA per row leaves most SMs
+    /// H100 (NOTES.md, sessions 3 and 5-8): one `pq_hist` CTA per row leaves most SMs
     /// idle with few rows, where the split path spreads the emit over every SM (reference
-    /// workload, `tritonrt run` wall per step: 25.0 us split, 32.9 chunked, 35.0
-    /// pq_hist); with 128 rows of 131k keys `pq_hist` is fastest (81.6 us, split 85.4,
-    /// chunked 254.9).
+    /// workload, `tritonrt run` wall per step: 25.3 us split, 34.7 pq_hist, 32.9 chunked
+    /// in session 6); with 128 rows of 131k keys `pq_hist` is fastest (82.6 us, split
+    /// 85.0, chunked 254.9 in session 6).
     #[default]
     Auto,
     /// Always `pq_select` (top-k per chunk of keys, merged by each row's last CTA).
@@ -942,9 +942,9 @@ impl GpuIndexer {
             SelectPath::Chunked => (false, false),
             SelectPath::Hist => (true, false),
             SelectPath::Split => (true, split_applies),
-            // measured on the H100 (NOTES.md, sessions 6-7): split wins with fewer rows
-            // than SMs (reference: 25.0 vs 32.9 us wall for pq_select, 35.0 for
-            // pq_hist), pq_hist with 128 rows of 131k keys (large: 81.6 vs 85.4 us split)
+            // measured on the H100 (NOTES.md, sessions 6-8): split wins with fewer rows
+            // than SMs (reference: 25.3 vs 32.9 us wall for pq_select, 34.7 for
+            // pq_hist), pq_hist with 128 rows of 131k keys (large: 82.6 vs 85.0 us split)
             SelectPath::Auto => {
                 let split = split_applies && rows < 64 && n >= 16384;
                 (split || (rows >= 64 && n >= 32768), split)
