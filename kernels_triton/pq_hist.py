@@ -253,6 +253,26 @@ def _quantize_group(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k
 
 
 @triton.jit
+def _quantize_cta(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, h, g, bg, G, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old, n, cap,
+                  init_offset, metric_ip, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
+    """The work of a row's second CTA (``program_id(1) == 1``, in ``pq_hist`` and
+    ``pq_thresh``): the new keys' codes, one CTA per KV group (its first head's row);
+    the rows never read them this step (the new keys are not candidates)."""
+    if h % G == 0:
+        _quantize_group(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old, n,
+                        cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
+
+
+@triton.jit
+def _row_sizes(S, init_offset, window, heavy, d_s, metric_ip):
+    """A row's quantized keys ``n = S - init_offset``, its candidates' end ``w0 = max(S -
+    window' - init_offset, 0)`` (candidates are ``j < w0``), ``k = min(heavy, n)`` and the
+    centroid row length ``d_c = d_s + metric_ip``."""
+    n = S - init_offset
+    return n, tl.maximum(S - tl.minimum(window, S) - init_offset, 0), tl.minimum(heavy, n), d_s + metric_ip
+
+
+@triton.jit
 def _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP: tl.constexpr, DT: tl.constexpr):
     """Move row ``r``'s combination histogram from the keys ``j < histn[r]`` it counts
     to the candidates ``j < w0`` (atomics), and set ``histn[r] = w0``."""
@@ -493,20 +513,15 @@ def pq_hist_kernel(
     tl.static_assert(TILE < 65536)  # two 16-bit counts share one int32 in the scan
     r = tl.program_id(0)
     r64, b, h, g, bg = _row_ids(r, H, G)
-    n = S - init_offset
+    n, w0, k, d_c = _row_sizes(S, init_offset, window, heavy, d_s, metric_ip)
     s_sink = tl.minimum(sink, S)
     s_win = tl.minimum(window, S)
     ws = S - s_win
-    w0 = tl.maximum(ws - init_offset, 0)
-    k = tl.minimum(heavy, n)
-    d_c = d_s + metric_ip
 
     if tl.program_id(1) == 1:
-        # 5. the new keys' codes, one CTA per KV group (its first head's row index), off
-        # the rows' critical path; the rows never read them this step (not candidates)
-        if h % G == 0:
-            _quantize_group(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old,
-                            n, cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
+        # 5. the new keys' codes, off the rows' critical path
+        _quantize_cta(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, h, g, bg, G, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old, n,
+                      cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
     else:
         t0 = _stamp(TIMER)
         # 1-3. the combination histogram moved to the candidates j < w0, this head's

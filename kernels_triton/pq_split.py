@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_hist import (FIXED as HIST_FIXED, _codes, _popc, _quantize_group, _row_ids, _row_threshold,
+from pq_hist import (FIXED as HIST_FIXED, _codes, _popc, _quantize_cta, _row_ids, _row_sizes, _row_threshold,
                      _stamp, _store_heavy, _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
@@ -174,14 +174,10 @@ def pq_thresh_kernel(
     """See the module docstring and README.md (launch contract)."""
     r = tl.program_id(0)
     r64, b, h, g, bg = _row_ids(r, H, G)
-    n = S - init_offset
-    w0 = tl.maximum(S - tl.minimum(window, S) - init_offset, 0)
-    k = tl.minimum(heavy, n)
-    d_c = d_s + metric_ip
+    n, w0, k, d_c = _row_sizes(S, init_offset, window, heavy, d_s, metric_ip)
     if tl.program_id(1) == 1:
-        if h % G == 0:
-            _quantize_group(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old,
-                            n, cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
+        _quantize_cta(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, h, g, bg, G, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old, n,
+                      cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
     else:
         t0 = _stamp(TIMER)
         # the emit's part flags of this row (and its ticket counter) start at zero
