@@ -210,9 +210,8 @@ def pq_emit_kernel(
     r = t // NP
     c = t - r * NP
     r64, b, h, g, bg = _row_ids(r, H, G)
-    n = S - init_offset
+    n, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)  # w0 >= k >= 0 (host precondition)
     s_win = tl.minimum(window, S)
-    w0 = S - s_win - init_offset  # >= k >= 0 (host precondition)
     # this part's keys j0 .. j0 + TILE as [TILE/32, 32]: one 32-key group per row
     NW: tl.constexpr = TILE // 32
     wd = tl.arange(0, NW)
@@ -221,7 +220,6 @@ def pq_emit_kernel(
     j = j0 + wd[:, None] * 32 + lane[None, :]
     sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
     s_sink = tl.minimum(sink, S)
-    k = tl.minimum(heavy, n)
     t_sure = tl.load(bnd_ptr + 2 * r64)
     t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
     need = tl.load(need_ptr + r)
