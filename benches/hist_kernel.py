@@ -78,6 +78,7 @@ class Step:
         self.need = torch.zeros(rows, dtype=torch.int32, device="cuda")
         self.flag = torch.zeros(rows * (S_max // tile + 2), dtype=torch.int64, device="cuda")
         self.ctr = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.twarps = 8  # split: pq_thresh's warps
 
     def prepare(self, S):
         B, H = self.shape[0], self.shape[1]
@@ -100,7 +101,8 @@ class Step:
                 self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bnd,
                 self.need, self.flag, self.ctr, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
                 D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, NP,
-                MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels), num_warps=8, num_stages=1)
+                MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels),
+                num_warps=self.twarps, num_stages=1)
             if self.emit_on:
                 ck = pq_emit_kernel[(B * H * NP, )](
                     self.codes, self.lut, self.bnd, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H,
@@ -219,12 +221,17 @@ def main():
                     help="threshold rounds (timing experiments: fewer may break the heavy rule)")
     ap.add_argument("--no-quant", action="store_true",
                     help="timed step quantizes nothing (n_old = n): the quantizing CTAs' share of the time")
+    ap.add_argument("--twarps", default="8", help="split: pq_thresh's warps, comma-separated")
     a = ap.parse_args()
     rows = []
     for name in a.shapes.split(","):
         for tile in map(int, a.tiles.split(",")):
-            for warps, nb in [(w, b) for w in map(int, a.warps.split(",")) for b in map(int, a.nb.split(","))]:
+            combos = [(w, b, tw) for w in map(int, a.warps.split(",")) for b in map(int, a.nb.split(","))
+                      for tw in map(int, a.twarps.split(","))]
+            for warps, nb, tw in combos:
                 st = Step(SHAPES[name], 1234, tile, warps, nb, a.split)
+                st.twarps = tw
+                tag = f"{warps}/{nb}/t{tw}"
                 try:
                     st.prepare(st.S)
                     torch.cuda.synchronize()
@@ -241,7 +248,7 @@ def main():
                     errs2, _ = check(st, cb)
                     errs += ["step 2: " + e for e in errs2]
                 except Exception as e:  # noqa: BLE001
-                    rows.append((name, tile, f"{warps}/{nb}", f"ERROR {type(e).__name__}: {str(e)[:300]}", None, "", 0))
+                    rows.append((name, tile, tag, f"ERROR {type(e).__name__}: {str(e)[:300]}", None, "", 0))
                     print(rows[-1], flush=True)
                     continue
                 if a.no_quant:
@@ -254,18 +261,18 @@ def main():
                     g_t, _ = graph_time(st, a.reps)
                     st.emit_on = True
                     extra = f" | pq_thresh alone {g_t:.2f} GPU us, pq_emit {gpu - g_t:.2f}"
-                print(f"phases {name} TILE={tile} w{warps} NB={nb} (us): delta {ph[0]:.2f} lut {ph[1]:.2f} "
+                print(f"phases {name} TILE={tile} {tag} (us): delta {ph[0]:.2f} lut {ph[1]:.2f} "
                       f"load {ph[2]:.2f} rounds {ph[3]:.2f} {'classes' if a.split else 'emit'} {ph[4]:.2f} "
                       f"total {ph[5]:.2f}{extra}", flush=True)
                 res = "ok" if not errs else "FAIL " + "; ".join(errs)
-                rows.append((name, tile, f"{warps}/{nb}", res, (gpu, wall), f"{ck.n_regs}r/{ck.n_spills}s", first_us))
+                rows.append((name, tile, tag, res, (gpu, wall), f"{ck.n_regs}r/{ck.n_spills}s", first_us))
                 print(rows[-1], flush=True)
-    print(f"\n{'shape':<13} {'TILE':>5} {'w/NB':>7} {'GPU us':>7} {'wall us':>8} {'1st us':>8} {'regs':>8}  check")
+    print(f"\n{'shape':<13} {'TILE':>5} {'w/NB/twarps':>14} {'GPU us':>7} {'wall us':>8} {'1st us':>8} {'regs':>8}  check")
     for name, tile, warps, res, t, regs, first in rows:
         if not t:
-            print(f"{name:<13} {tile:>5} {warps:>7} {res}")
+            print(f"{name:<13} {tile:>5} {warps:>14} {res}")
             continue
-        print(f"{name:<13} {tile:>5} {warps:>7} {t[0]:>7.2f} {t[1]:>8.2f} {first:>8.0f} {regs:>8}  {res}")
+        print(f"{name:<13} {tile:>5} {warps:>14} {t[0]:>7.2f} {t[1]:>8.2f} {first:>8.0f} {regs:>8}  {res}")
 
 
 if __name__ == "__main__":

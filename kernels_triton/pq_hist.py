@@ -17,8 +17,9 @@ new keys when ``h`` is the first head of its KV group (step 5) and exits otherwi
    ``histn[r] = w0``. Replaying the same step changes nothing.
 2. Computes the head's lookup table ``lut[m, c] = <q_m, centroids[b,g,m,c,:d_s]>`` into
    scratch and the score of every combination from it.
-3. Finds the threshold: first a cut by comparison (one four-way reduction, no atomics)
-   to the narrowest top slice of the score range (1/4 .. 1/256 of it) that holds k keys,
+3. Finds the threshold: first a cut by comparison (one eight-way reduction: the keys
+   in four top slices of the score range and each slice's lowest score, no atomics) to
+   the narrowest top slice (1/4 .. 1/256 of the range) that holds k keys,
    then up to LEVELS rounds of an NB-bin histogram (global atomics, weighted by the
    counts) over the score range of the combinations still in play; each round keeps the
    bin holding the k-th largest key. A round is skipped once the
@@ -335,16 +336,6 @@ def _add_max(a0, b0, a1, b1):
 
 
 @triton.jit
-def _min_min(a0, b0, a1, b1):
-    return tl.minimum(a0, a1), tl.minimum(b0, b1)
-
-
-@triton.jit
-def _add4(a0, b0, c0, d0, a1, b1, c1, d1):
-    return a0 + a1, b0 + b1, c0 + c1, d0 + d1
-
-
-@triton.jit
 def _red_min_max(a, b):
     """``(min(a), max(b))`` over axis 0 in one reduction (one barrier sequence)."""
     if INTERPRETED:
@@ -363,29 +354,45 @@ def _red_add_max(a, b):
 
 
 @triton.jit
-def _red_min_min(a, b):
-    """``(min(a), min(b))`` over axis 0 in one reduction."""
-    if INTERPRETED:
-        return tl.min(a, axis=0), tl.min(b, axis=0)
-    else:
-        return tl.reduce((a, b), 0, _min_min)
+def _add4_min4(a0, b0, c0, d0, e0, f0, g0, h0, a1, b1, c1, d1, e1, f1, g1, h1):
+    return (a0 + a1, b0 + b1, c0 + c1, d0 + d1, tl.minimum(e0, e1), tl.minimum(f0, f1), tl.minimum(g0, g1),
+            tl.minimum(h0, h1))
 
 
 @triton.jit
-def _red_add4(a, b, c, d):
-    """The sums of a, b, c, d over axis 0 in one reduction."""
+def _red_add4_min4(a, b, c, d, e, f, g, h):
+    """The sums of a, b, c, d and the minima of e, f, g, h over axis 0 in one reduction."""
     if INTERPRETED:
-        return tl.sum(a, axis=0), tl.sum(b, axis=0), tl.sum(c, axis=0), tl.sum(d, axis=0)
+        return (tl.sum(a, axis=0), tl.sum(b, axis=0), tl.sum(c, axis=0), tl.sum(d, axis=0), tl.min(e, axis=0),
+                tl.min(f, axis=0), tl.min(g, axis=0), tl.min(h, axis=0))
     else:
-        return tl.reduce((a, b, c, d), 0, _add4)
+        return tl.reduce((a, b, c, d, e, f, g, h), 0, _add4_min4)
+
+
+@triton.jit
+def _min_max_min(a0, b0, c0, a1, b1, c1):
+    return tl.minimum(a0, a1), tl.maximum(b0, b1), tl.minimum(c0, c1)
+
+
+@triton.jit
+def _red_min_max_min(a, b, c):
+    """``(min(a), max(b), min(c))`` over axis 0 in one reduction."""
+    if INTERPRETED:
+        return tl.min(a, axis=0), tl.max(b, axis=0), tl.min(c, axis=0)
+    else:
+        return tl.reduce((a, b, c), 0, _min_max_min)
 
 
 @triton.jit
 def _top_cut(cnt, s, alive, need):
-    """A score ``lo`` with at least ``need`` keys scoring ``>= lo`` (so the threshold is
-    ``>= lo``): the bottom of the narrowest of the top 1/4, 1/16, 1/64, 1/256 of the
-    live score range that holds that many, else the range's bottom. One two-way and one four-way reduction, no
-    atomics: the rounds then count only the few combinations near the top."""
+    """The cut before the rounds: ``(lo, slo, shi)`` with at least ``need`` keys scoring
+    ``>= lo`` (so the threshold is ``>= lo``): ``lo`` is the bottom of the narrowest of
+    the top 1/4, 1/16, 1/64, 1/256 of the live score range that holds that many, else the
+    range's bottom; ``slo``, ``shi`` are the min and max score of the live combinations
+    scoring ``>= lo`` (the max is the range's, the top lies in every slice; each slice's
+    min comes from the reduction that counts it). One two-way and one eight-way
+    reduction, no atomics: the rounds then count only the few combinations near the
+    top."""
     slo, shi = _red_min_max(tl.where(alive, s, float("inf")), tl.where(alive, s, -float("inf")))
     span = shi - slo
     c1 = shi - span * 0.25
@@ -393,9 +400,17 @@ def _top_cut(cnt, s, alive, need):
     c3 = shi - span * 0.015625
     c4 = shi - span * 0.00390625
     w = tl.where(alive, cnt, 0)
-    n1, n2, n3, n4 = _red_add4(tl.where(s >= c1, w, 0), tl.where(s >= c2, w, 0), tl.where(s >= c3, w, 0),
-                               tl.where(s >= c4, w, 0))
-    return tl.where(n4 >= need, c4, tl.where(n3 >= need, c3, tl.where(n2 >= need, c2, tl.where(n1 >= need, c1, slo))))
+    i1 = alive & (s >= c1)
+    i2 = alive & (s >= c2)
+    i3 = alive & (s >= c3)
+    i4 = alive & (s >= c4)
+    inf = float("inf")
+    n1, n2, n3, n4, m1, m2, m3, m4 = _red_add4_min4(
+        tl.where(i1, w, 0), tl.where(i2, w, 0), tl.where(i3, w, 0), tl.where(i4, w, 0), tl.where(i1, s, inf),
+        tl.where(i2, s, inf), tl.where(i3, s, inf), tl.where(i4, s, inf))
+    lo = tl.where(n4 >= need, c4, tl.where(n3 >= need, c3, tl.where(n2 >= need, c2, tl.where(n1 >= need, c1, slo))))
+    slo = tl.where(n4 >= need, m4, tl.where(n3 >= need, m3, tl.where(n2 >= need, m2, tl.where(n1 >= need, m1, slo))))
+    return lo, slo, shi
 
 
 @triton.jit
@@ -405,20 +420,19 @@ def _rounds(cnt, s, need, lvl_row, NC: tl.constexpr, NB: tl.constexpr, LEVELS: t
     score range still in play, each keeping the bin that holds the ``need``-th largest
     key. Returns ``(t_sure, t_maybe, need)``: every key scoring ``>= t_sure`` is taken,
     those in ``[t_maybe, t_sure)`` in position order until ``need`` more are (bounds are
-    ``inf`` where a class is empty). Per round: one two-way reduction for the range, the
-    atomics, a barrier, one scan and one two-way reduction for the bin; the bins are
-    cleared after the last round (one barrier). The combinations below ``_top_cut``
-    are out of play from the start."""
+    ``inf`` where a class is empty). The combinations below ``_top_cut`` are out of
+    play from the start, and the cut gives the first round's range. Per round: the
+    atomics, a barrier, one scan, one two-way reduction for the bin and one three-way
+    reduction for the next round's range and the sure bound; a round whose range holds
+    one score is skipped, with no reduction (the range is already known). The bins are
+    cleared after the last round (one barrier)."""
     alive = cnt > 0
     sure = cnt < 0
-    alive = alive & (s >= _top_cut(cnt, s, alive, need))
+    lo, slo, shi = _top_cut(cnt, s, alive, need)
+    alive = alive & (s >= lo)
+    t_sure = tl.full([], float("inf"), tl.float32)
     bins = tl.arange(0, NB)
     for lv in tl.static_range(LEVELS):
-        # the live range afresh, also after the cut: the cut's slice is wider than the
-        # scores left in it, and narrower bins need a second round less often (H100,
-        # reference workload, one run each: pq_thresh 10.7 us this way, 12.7 with the
-        # slice's bounds as the first round's range)
-        slo, shi = _red_min_max(tl.where(alive, s, float("inf")), tl.where(alive, s, -float("inf")))
         if slo < shi:  # else every remaining combination has one score: done
             t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
             bn = tl.minimum(t.to(tl.int32), NB - 1)
@@ -433,15 +447,19 @@ def _rounds(cnt, s, need, lvl_row, NC: tl.constexpr, NB: tl.constexpr, LEVELS: t
             sure = sure | (alive & (bn > bstar))
             alive = alive & (bn == bstar)
             need = need - above
+            # sure only grows and alive only shrinks in a round: after the last one run,
+            # these are the min over every sure combination and the live range
+            slo, shi, t_sure = _red_min_max_min(tl.where(alive, s, float("inf")), tl.where(alive, s, -float("inf")),
+                                                tl.where(sure, s, float("inf")))
     tl.debug_barrier()  # every thread has read the bins before they are cleared
     for lv in tl.static_range(LEVELS):
         tl.store(lvl_row + lv * NB + bins, tl.zeros([NB], tl.int32))
     # the classes are score ranges: every sure combination scores above every one still
     # in play, which score above every other candidate (the bins are monotone in the
     # score), and the emit recomputes each key's score with the very same float
-    # additions, so comparing with these bounds reproduces the per-combination classes
-    t_sure, t_maybe = _red_min_min(tl.where(sure, s, float("inf")), tl.where(alive, s, float("inf")))
-    return t_sure, t_maybe, need
+    # additions, so comparing with these bounds reproduces the per-combination classes;
+    # t_maybe is the min of the combinations still in play (slo)
+    return t_sure, slo, need
 
 
 @triton.jit
