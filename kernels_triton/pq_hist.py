@@ -320,7 +320,7 @@ def _combo_scores(hist_row, lut_row, M, K, bits, NC: tl.constexpr):
 
 
 #: whether Triton's interpreter runs this (TRITON_INTERPRET=1): it reduces tuples one
-#: element at a time in Python (minutes per check), so there the two- and four-way
+#: element at a time in Python (minutes per check), so there the 2-, 3- and 8-way tuple
 #: reductions below take one one-operand reduction each (same results)
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
