@@ -3,7 +3,9 @@
 //! - module load: cold (PTX JIT by the driver + load) vs warm (verified cubin from the
 //!   tritonrt cache + load) vs the manifest's own cubin, per artifact, medians;
 //! - launch + synchronize latency, median (p10, p90) over `--iters` launches (>= 1000),
-//!   and back-to-back launch throughput, for small and large n.
+//!   and back-to-back launch throughput, for small and large n;
+//! - the floor under a replayed decode step: a CUDA graph of one or two launches (n =
+//!   4096) replayed and waited for, beside the same launches issued one by one.
 //!
 //! `cargo bench --bench launch_latency -- [--ptx-cache DIR] [--iters N] [--json FILE]`
 //! (default ptx_cache: tests/fixtures/ptx_cache, or $TRITONRT_PTX_CACHE). The same
@@ -20,7 +22,15 @@ use tritonrt::jit::{cache_key, BuiltCubin, CacheOutcome, CubinCache, Lookup};
 use tritonrt::kernel::{Kernel, KernelArg};
 
 const KERNEL: &str = "axpy_kernel";
-const BLOCK: usize = 1024;
+
+/// The variant's BLOCK (elements per CTA): the grid is `cdiv(n, BLOCK)`.
+fn block(k: &Kernel) -> usize {
+    k.variant()
+        .constexprs
+        .get("BLOCK")
+        .and_then(|v| v.as_u64())
+        .expect("axpy variant without an integer BLOCK constexpr") as usize
+}
 
 struct Opts {
     ptx_cache: PathBuf,
@@ -211,7 +221,7 @@ fn main() {
                 KernelArg::F32(a),
                 KernelArg::I32(n as i32),
             ];
-            let grid = [n.div_ceil(BLOCK) as u32, 1, 1];
+            let grid = [n.div_ceil(block(k)) as u32, 1, 1];
             // SAFETY (all launches below): x, y, out hold n f32 each and live until the
             // final synchronize; nothing else touches them.
             for _ in 0..200 {
@@ -249,6 +259,115 @@ fn main() {
             ));
         }
     }
+    // The floor under a replayed decode step: a CUDA graph of one or two small launches
+    // (axpy, n = 4096), replayed and waited for, against the same launches issued one by
+    // one; and the wait itself by cuStreamSynchronize vs polling cuStreamQuery.
+    println!(
+        "\n== graph replay vs plain launches, + wait, n = 4096, {} steps (us) ==",
+        o.iters
+    );
+    println!(
+        "{:<44} {:>9} {:>9} {:>9} {:>9}",
+        "what", "median", "p10", "p90", "mean"
+    );
+    let n = 4096usize;
+    let x: Vec<f32> = (0..n).map(|i| (i % 977) as f32 * 0.25 - 100.0).collect();
+    let xd = stream.clone_htod(&x).unwrap();
+    let yd = stream.clone_htod(&x).unwrap();
+    let od = stream.clone_htod(&vec![f32::NAN; n]).unwrap();
+    let k = kernels
+        .iter()
+        .find(|k| k.id().starts_with("axpy_kernel.BLOCK=1024.w4.") && !k.id().ends_with("sm80"))
+        .unwrap_or(&kernels[0]);
+    println!("({})", k.id());
+    let args = [
+        KernelArg::Ptr(ptr(&xd, &stream)),
+        KernelArg::Ptr(ptr(&yd, &stream)),
+        KernelArg::Ptr(ptr(&od, &stream)),
+        KernelArg::F32(0.5),
+        KernelArg::I32(n as i32),
+    ];
+    let grid = [n.div_ceil(block(k)) as u32, 1, 1];
+    // SAFETY (every launch below, captured or not): x, y, out hold n f32 each and live
+    // until the last synchronize; nothing else touches them.
+    let issue = |launches: usize| {
+        for _ in 0..launches {
+            unsafe { k.launch(&stream, grid, &args) }.unwrap();
+        }
+    };
+    let poll = |s: &CudaStream| loop {
+        // SAFETY: a live stream of this context.
+        match unsafe { cudarc::driver::sys::cuStreamQuery(s.cu_stream()) } {
+            cudarc::driver::sys::CUresult::CUDA_SUCCESS => break,
+            cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => std::hint::spin_loop(),
+            e => panic!("cuStreamQuery: {e:?}"),
+        }
+    };
+    let time = |what: &str, json: &mut Vec<String>, step: &dyn Fn()| {
+        for _ in 0..200 {
+            step();
+        }
+        let lat: Vec<Duration> = (0..o.iters)
+            .map(|_| {
+                let t0 = Instant::now();
+                step();
+                t0.elapsed()
+            })
+            .collect();
+        let [med, p10, p90, mean] = stats(lat);
+        println!("{what:<44} {med:>9.2} {p10:>9.2} {p90:>9.2} {mean:>9.2}");
+        json.push(format!(
+            "{{\"what\":\"replay_floor\",\"case\":\"{what}\",\"median_us\":{med:.3},\"p10_us\":{p10:.3},\"p90_us\":{p90:.3}}}"
+        ));
+    };
+    let capture = |launches: usize| {
+        stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .unwrap();
+        issue(launches);
+        stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("a captured graph")
+    };
+    let (g1, g2) = (capture(1), capture(2));
+    for launches in [1usize, 2] {
+        time(
+            &format!("{launches} plain launch(es) + stream sync"),
+            &mut json,
+            &|| {
+                issue(launches);
+                stream.synchronize().unwrap();
+            },
+        );
+    }
+    for (launches, g) in [(1usize, &g1), (2, &g2)] {
+        time(
+            &format!("graph of {launches} + stream sync"),
+            &mut json,
+            &|| {
+                g.launch().unwrap();
+                stream.synchronize().unwrap();
+            },
+        );
+        time(
+            &format!("graph of {launches} + poll cuStreamQuery"),
+            &mut json,
+            &|| {
+                g.launch().unwrap();
+                poll(&stream);
+            },
+        );
+    }
+    stream.synchronize().unwrap();
+    let out = stream.clone_dtoh(&od).unwrap();
+    assert!(
+        (0..n).all(|i| out[i].to_bits() == 0.5f32.mul_add(x[i], x[i]).to_bits()),
+        "graph replay: wrong results"
+    );
+
     // Host-side cost of checking + packing the arguments alone.
     let v = kernels[0].variant().clone();
     let args = [
