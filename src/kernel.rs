@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result as cu, sys, CudaStream};
 use parking_lot::{Mutex, RwLock};
 
-use crate::artifact::{ArgType, ArtifactStore, Dtype, Variant};
+use crate::artifact::{Arg, ArgType, ArtifactStore, Dtype, Variant};
 use crate::device::{driver_error_strings, Device, Module};
 use crate::error::{Error, Result};
 use crate::jit::{BuiltCubin, CacheOutcome, CodeOrigin, CubinCache};
@@ -145,6 +145,38 @@ impl KernelArg {
             _ => return None,
         })
     }
+}
+
+/// Where each argument of a variant's signature sits in a list of argument names (a
+/// caller's named arguments): one position per signature argument, in signature order.
+/// Every signature argument must be given exactly once; unless `subset` (one list
+/// serving several kernels), no name outside the signature may be given either, so a
+/// kernel whose arguments were renamed or reordered fails with the name, not at run time.
+///
+/// Errors: a message naming the missing argument (with its type), the unknown one or
+/// the one given twice.
+pub fn arg_positions(
+    signature: &[Arg],
+    named: &[&str],
+    subset: bool,
+) -> std::result::Result<Vec<usize>, String> {
+    for (i, name) in named.iter().enumerate() {
+        if named[..i].contains(name) {
+            return Err(format!("argument {name} was given twice"));
+        }
+        if !subset && !signature.iter().any(|a| a.name == *name) {
+            return Err(format!("the kernel has no argument named {name}"));
+        }
+    }
+    signature
+        .iter()
+        .map(|a| {
+            named
+                .iter()
+                .position(|n| *n == a.name)
+                .ok_or_else(|| format!("argument {} ({}) was not supplied", a.name, a.ty))
+        })
+        .collect()
 }
 
 /// Check `args` against the variant's signature and pack them: one u64 slot per

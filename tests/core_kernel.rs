@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use tritonrt::artifact::{Arg, ArgType, ArtifactStore, Dtype, Variant};
 use tritonrt::device::Device;
-use tritonrt::kernel::{pack_args, plan_launch, Kernel, KernelArg, Runtime};
+use tritonrt::kernel::{arg_positions, pack_args, plan_launch, Kernel, KernelArg, Runtime};
 use tritonrt::Error;
 
 fn fixtures() -> PathBuf {
@@ -216,4 +216,26 @@ fn runtime_types_are_send_and_sync() {
     check::<Kernel>();
     check::<Device>();
     check::<std::sync::Arc<Runtime>>();
+}
+
+#[test]
+fn arg_positions_follow_the_signature_and_name_what_is_wrong() {
+    let sig = axpy().signature; // x_ptr, y_ptr, out_ptr, a, n
+    let named = ["n", "a", "out_ptr", "x_ptr", "y_ptr"];
+    assert_eq!(
+        arg_positions(&sig, &named, false).unwrap(),
+        vec![3, 4, 2, 1, 0]
+    );
+    // a subset list may carry names the signature lacks; a strict one may not
+    let wider = ["extra", "n", "a", "out_ptr", "x_ptr", "y_ptr"];
+    assert_eq!(
+        arg_positions(&sig, &wider, true).unwrap(),
+        vec![4, 5, 3, 2, 1]
+    );
+    let e = arg_positions(&sig, &wider, false).unwrap_err();
+    assert!(e.contains("no argument named extra"), "{e}");
+    let e = arg_positions(&sig, &["x_ptr", "y_ptr", "a", "n"], true).unwrap_err();
+    assert!(e.contains("out_ptr (*fp32) was not supplied"), "{e}");
+    let e = arg_positions(&sig, &["x_ptr", "y_ptr", "out_ptr", "a", "n", "a"], false).unwrap_err();
+    assert!(e.contains("a was given twice"), "{e}");
 }

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream, DevicePtr};
 
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, KernelArg, Runtime};
+use crate::kernel::{arg_positions, Kernel, KernelArg, Runtime};
 use crate::pq::config::{DType, Metric, PqConfig, Shape};
 use crate::pq::reference::PqOutput;
 use crate::pq::workload::PqInputs;
@@ -290,37 +290,8 @@ fn constexpr_usize(k: &Kernel, name: &str) -> Result<usize> {
         })
 }
 
-/// Where each of a signature's arguments (`sig`, names in order) sits in `named` (the
-/// step's named arguments): one position per signature argument. Every signature
-/// argument must be given exactly once; unless `subset` (one list serving several
-/// kernels), no name outside the signature may be given either, so a kernel whose
-/// arguments were renamed or reordered fails here with the name, not at run time.
-/// Errors: the message naming the missing, unknown or repeated argument.
-fn arg_positions(
-    sig: &[&str],
-    named: &[&str],
-    subset: bool,
-) -> std::result::Result<Vec<usize>, String> {
-    for (i, name) in named.iter().enumerate() {
-        if named[..i].contains(name) {
-            return Err(format!("argument {name} was given twice"));
-        }
-        if !subset && !sig.contains(name) {
-            return Err(format!("the kernel has no argument named {name}"));
-        }
-    }
-    sig.iter()
-        .map(|a| {
-            named
-                .iter()
-                .position(|n| n == a)
-                .ok_or_else(|| format!("argument {a} was not supplied"))
-        })
-        .collect()
-}
-
 /// The arguments of each kernel in signature order, from the named lists a step builds
-/// (see [`arg_positions`]). The positions are found once per kernel and kept: the lists
+/// (see [`crate::kernel::arg_positions`]). The positions are found once per kernel and kept: the lists
 /// are built in the same order every step, so later steps take one pass over the
 /// signature (each position's name re-checked) instead of a name search per argument
 /// (measured on the H100, session 10: the split path's planning cost 13 us of host time
@@ -350,8 +321,7 @@ impl ArgOrder {
             }
         }
         let names: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
-        let sig_names: Vec<&str> = sig.iter().map(|a| a.name.as_str()).collect();
-        let pos = arg_positions(&sig_names, &names, subset)
+        let pos = arg_positions(sig, &names, subset)
             .map_err(|msg| Error::invalid(format!("arguments of {}", k.id()), msg))?;
         let args = pos.iter().map(|&i| named[i].1).collect();
         self.0.borrow_mut().insert(id, (named.len(), pos));
@@ -1748,33 +1718,4 @@ pub fn bench_shape(
             ex.select_variant
         },
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::arg_positions;
-
-    #[test]
-    fn arg_positions_follow_the_signature() {
-        let sig = ["x_ptr", "out_ptr", "n", "BLOCK_N"];
-        let named = ["n", "BLOCK_N", "x_ptr", "out_ptr"];
-        assert_eq!(
-            arg_positions(&sig, &named, false).unwrap(),
-            vec![2, 3, 0, 1]
-        );
-        // a subset list may carry names the signature lacks; a strict one may not
-        let wider = ["extra", "n", "out_ptr", "x_ptr", "BLOCK_N"];
-        assert_eq!(arg_positions(&sig, &wider, true).unwrap(), vec![3, 2, 1, 4]);
-        let e = arg_positions(&sig, &wider, false).unwrap_err();
-        assert!(e.contains("no argument named extra"), "{e}");
-    }
-
-    #[test]
-    fn arg_positions_name_what_is_missing_or_repeated() {
-        let sig = ["x_ptr", "out_ptr", "n"];
-        let e = arg_positions(&sig, &["x_ptr", "n"], true).unwrap_err();
-        assert!(e.contains("out_ptr was not supplied"), "{e}");
-        let e = arg_positions(&sig, &["x_ptr", "n", "out_ptr", "n"], false).unwrap_err();
-        assert!(e.contains("n was given twice"), "{e}");
-    }
 }

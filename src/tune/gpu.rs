@@ -63,7 +63,7 @@ use super::table::{DeviceKey, SelectionSource, TuningTable};
 use crate::artifact::{ArtifactStore, Variant};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, KernelArg, Runtime};
+use crate::kernel::{arg_positions, Kernel, KernelArg, Runtime};
 use crate::pq::gpu::{select_kernel_name, DeviceTensorRef, GpuIndexer, LaunchMode};
 use crate::pq::{DType, PqConfig, PqInputs, PqOutput, Shape};
 
@@ -471,31 +471,21 @@ fn constexpr(k: &Kernel, name: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("variant {} has no integer constexpr {name}", k.id()))
 }
 
-/// Order named arguments by the variant's signature; every argument exactly once.
+/// Order named arguments by the variant's signature ([`arg_positions`]: every
+/// argument exactly once, no unknown name).
 fn named_args(
     k: &Kernel,
     named: &[(&str, KernelArg)],
 ) -> std::result::Result<Vec<KernelArg>, String> {
-    let sig = &k.variant().signature;
-    if let Some((n, _)) = named
-        .iter()
-        .find(|(n, _)| !sig.iter().any(|a| a.name == *n))
-    {
-        return Err(format!(
-            "{} has no argument named {n} (signature: {})",
+    let names: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
+    let pos = arg_positions(&k.variant().signature, &names, false).map_err(|msg| {
+        format!(
+            "{}: {msg} (signature: {})",
             k.id(),
             k.variant().signature_string()
-        ));
-    }
-    sig.iter()
-        .map(|a| {
-            named
-                .iter()
-                .find(|(n, _)| *n == a.name)
-                .map(|(_, v)| *v)
-                .ok_or_else(|| format!("argument {} of {} was not supplied", a.name, k.id()))
-        })
-        .collect()
+        )
+    })?;
+    Ok(pos.iter().map(|&i| named[i].1).collect())
 }
 
 fn i32a(what: &str, v: usize) -> std::result::Result<KernelArg, String> {
