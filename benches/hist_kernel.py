@@ -91,23 +91,40 @@ class Step:
         self.len = torch.full((B, H), -7, dtype=torch.int64, device="cuda")
         self.w = torch.full((B, H, S), 7.0, dtype=self.q.dtype, device="cuda")  # poison
 
+    def parts(self):
+        """pq_emit's parts per row (split)."""
+        return -(-(self.S - self.cfg["init_offset"]) // self.tile)
+
+    def thresh(self):
+        """Launch pq_thresh (split)."""
+        B, H, H_kv, _, D, M, bits = self.shape[:7]
+        Sk = self.key.shape[2]
+        c = self.cfg
+        return pq_thresh_kernel[(B * H, 2)](
+            self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bnd,
+            self.need, self.flag, self.ctr, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
+            D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, self.parts(),
+            MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels),
+            num_warps=self.twarps, num_stages=1)
+
+    def emit(self):
+        """Launch pq_emit (split; after thresh(), which zeroes its flags and counter)."""
+        B, H, H_kv, M, bits = self.shape[0], self.shape[1], self.shape[2], self.shape[5], self.shape[6]
+        c = self.cfg
+        NP = self.parts()
+        return pq_emit_kernel[(B * H * NP, )](
+            self.codes, self.lut, self.bnd, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H,
+            H // H_kv, M, 1 << bits, self.S, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], NP,
+            MP=2, TILE=self.tile, **EMIT_FIXED, num_warps=self.warps, num_stages=1)
+
     def __call__(self):
         B, H, H_kv, _, D, M, bits = self.shape[:7]
         Sk = self.key.shape[2]
         c = self.cfg
         if self.split:
-            NP = -(-(self.S - c["init_offset"]) // self.tile)
-            ck = pq_thresh_kernel[(B * H, 2)](
-                self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bnd,
-                self.need, self.flag, self.ctr, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
-                D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, NP,
-                MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels),
-                num_warps=self.twarps, num_stages=1)
+            ck = self.thresh()
             if self.emit_on:
-                ck = pq_emit_kernel[(B * H * NP, )](
-                    self.codes, self.lut, self.bnd, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H,
-                    H // H_kv, M, 1 << bits, self.S, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], NP,
-                    MP=2, TILE=self.tile, **EMIT_FIXED, num_warps=self.warps, num_stages=1)
+                ck = self.emit()
             return ck
         return pq_hist_kernel[(B * H, 2)](
             self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut,
@@ -176,19 +193,25 @@ def check(st, cb):
     return errs, cb2
 
 
+def capture(fn, warmup=None):
+    """A CUDA graph of what ``fn`` launches, after ``warmup()`` (if given) on a side
+    stream (compiles and caches what the capture must not)."""
+    if warmup is not None:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            warmup()
+        torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def graph_time(fn, reps):
     """(median GPU us per call over 15 replays of a graph of `reps` calls, median wall us of
     one replay of a one-call graph + synchronize)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        for _ in range(reps):
-            fn()
+    gr = capture(lambda: [fn() for _ in range(reps)], warmup=lambda: [fn() for _ in range(3)])
     ts = []
     for _ in range(15):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -197,9 +220,7 @@ def graph_time(fn, reps):
         e1.record()
         torch.cuda.synchronize()
         ts.append(e0.elapsed_time(e1) * 1e3 / reps)
-    g1 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g1):
-        fn()
+    g1 = capture(fn)
     walls = []
     for _ in range(200):
         t0 = time.perf_counter()

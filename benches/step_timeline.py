@@ -25,26 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from hist_kernel import SHAPES, Step, check
-from pq_split import EMIT_FIXED, pq_emit_kernel
+from hist_kernel import SHAPES, Step, capture, check
 
 
 @triton.jit
 def stamp_kernel(buf_ptr, i):
     t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
     tl.store(buf_ptr + i, t)
-
-
-def capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def med(xs):
@@ -77,31 +64,24 @@ def main():
     def stamp(i):
         stamp_kernel[(1, )](buf, i, num_warps=1)
 
-    def thresh():
-        st.emit_on = False
-        st()
-        st.emit_on = True
-
     steps = {
         "step (thresh + emit)": lambda i: (stamp(3 * i), st(), stamp(3 * i + 1)),
-        "step, stamp between": lambda i: (stamp(3 * i), thresh(), stamp(3 * i + 1), emit_only(), stamp(3 * i + 2)),
+        "step, stamp between": lambda i: (stamp(3 * i), st.thresh(), stamp(3 * i + 1), st.emit(), stamp(3 * i + 2)),
         "stamps only": lambda i: (stamp(3 * i), stamp(3 * i + 1), stamp(3 * i + 2)),
     }
 
-    def emit_only():  # pq_emit alone, after thresh() (which zeroes its flags and counter)
-        B, H = st.shape[0], st.shape[1]
-        M, bits = st.shape[5], st.shape[6]
-        c = st.cfg
-        NP = -(-(st.S - c["init_offset"]) // st.tile)
-        pq_emit_kernel[(B * H * NP, )](
-            st.codes, st.lut, st.bnd, st.need, st.flag, st.ctr, st.sl, st.len, st.w, H, H // st.shape[2], M,
-            1 << bits, st.S, st.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], NP, MP=2,
-            TILE=st.tile, **EMIT_FIXED, num_warps=st.warps, num_stages=1)
-
     rows = []
     for name, body in steps.items():
-        g1 = capture(lambda: (body(0), stamp(n_st - 1)))
-        gc = capture(lambda: ([body(i) for i in range(a.chain)], stamp(n_st - 1)))
+        def one():
+            body(0)
+            stamp(n_st - 1)
+
+        def chain():
+            for i in range(a.chain):
+                body(i)
+            stamp(n_st - 1)
+
+        g1, gc = capture(one, warmup=one), capture(chain, warmup=chain)
         spans, walls = [], []
         for r in range(a.reps + 20):
             buf.zero_()
@@ -130,7 +110,7 @@ def main():
         print(rows[-1], flush=True)
     # the step without stamps, timed as `tritonrt bench` times it: wall = host timer
     # around replay + synchronize; GPU = CUDA events recorded around the replay
-    g = capture(st)
+    g = capture(st, warmup=st)
     for where, stream in (("default stream", torch.cuda.current_stream()), ("side stream", torch.cuda.Stream())):
         walls, gpus = [], []
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
