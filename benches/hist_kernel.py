@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
 import reference  # noqa: E402
 from compare_outputs import heavy_chosen  # noqa: E402
 from pq_hist import FIXED, pq_hist_kernel  # noqa: E402
+from pq_index import INDEX_FIXED, pq_index_kernel, pq_wfill_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, THRESH_FIXED, pq_emit_kernel, pq_thresh_kernel  # noqa: E402
 
 SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset, small_int)
@@ -79,6 +80,15 @@ class Step:
         self.flag = torch.zeros(rows * (S_max // tile + 2), dtype=torch.int64, device="cuda")
         self.ctr = torch.zeros(1, dtype=torch.int32, device="cuda")
         self.twarps = 8  # split: pq_thresh's warps
+        self.index = False  # pq_index (TILE, warps: its fallback emit's, its own)
+        self.capc = max(16, 4 * -(-n_old // FIXED["NC"]))
+        self.tp = INDEX_FIXED["TP"]
+        self.ihist = torch.zeros(rows, FIXED["NC"], dtype=torch.int32, device="cuda")
+        self.ihistn = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        self.bkt = None
+        self.pdl = False  # index: weights by pq_wfill, pq_index a programmatic dependent launch
+        self.fill_ctas = 132
+        self.maxnreg = 0
 
     def prepare(self, S):
         B, H = self.shape[0], self.shape[1]
@@ -121,6 +131,24 @@ class Step:
         B, H, H_kv, _, D, M, bits = self.shape[:7]
         Sk = self.key.shape[2]
         c = self.cfg
+        if self.index:
+            if self.bkt is None:
+                self.bkt = torch.zeros(B * H, FIXED["NC"], self.capc, dtype=torch.int32, device="cuda")
+                self.mark = torch.zeros(B * H, self.tp, dtype=torch.int32, device="cuda")
+            extra = {}
+            if self.pdl:
+                pq_wfill_kernel[(self.fill_ctas, )](self.w, B * H, self.S, c["sink_size"], c["window_size"],
+                                                   FT=2048, PDL=1, num_warps=4)
+                extra["launch_pdl"] = True
+            if self.maxnreg:
+                extra["maxnreg"] = self.maxnreg
+            return pq_index_kernel[(B * H, 2)](
+                self.q, self.key, self.cent, self.phi, self.codes, self.ihist, self.ihistn, self.lvl, self.lut,
+                self.bkt, self.mark, self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M,
+                1 << bits, bits, D // M, self.S, self.n_old, self.cap, self.capc, c["sink_size"], c["window_size"],
+                c["heavy_size"], c["init_offset"], 0, MP=2, TILE=self.tile,
+                **dict(INDEX_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels, TP=self.tp, PDL=int(self.pdl)),
+                num_warps=self.warps, num_stages=1, **extra)
         if self.split:
             ck = self.thresh()
             if self.emit_on:
@@ -243,6 +271,11 @@ def main():
     ap.add_argument("--no-quant", action="store_true",
                     help="timed step quantizes nothing (n_old = n): the quantizing CTAs' share of the time")
     ap.add_argument("--twarps", default="8", help="split: pq_thresh's warps, comma-separated")
+    ap.add_argument("--index", action="store_true", help="pq_index (one launch; tiles: its fallback emit's)")
+    ap.add_argument("--pdl", action="store_true", help="index: pq_wfill, then pq_index as a PDL launch")
+    ap.add_argument("--maxnreg", type=int, default=0, help="index: register cap (0: none)")
+    ap.add_argument("--fill-ctas", type=int, default=132, help="index --pdl: pq_wfill's CTAs")
+    ap.add_argument("--tp", type=int, default=INDEX_FIXED["TP"], help="index: gathered keys per row at most")
     a = ap.parse_args()
     rows = []
     for name in a.shapes.split(","):
@@ -252,6 +285,11 @@ def main():
             for warps, nb, tw in combos:
                 st = Step(SHAPES[name], 1234, tile, warps, nb, a.split)
                 st.twarps = tw
+                st.index = a.index
+                st.tp = a.tp
+                st.pdl = a.pdl
+                st.maxnreg = a.maxnreg
+                st.fill_ctas = a.fill_ctas
                 tag = f"{warps}/{nb}/t{tw}"
                 try:
                     st.prepare(st.S)

@@ -165,8 +165,12 @@ def compile_job(job):
     t0 = time.time()
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
+        # a kernel built with the constexpr PDL=1 takes part in a programmatic dependent
+        # launch (griddepcontrol): the runtime launches it with that attribute (metadata
+        # launch_pdl)
         ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1})
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1,
+                                     "launch_pdl": constexprs.get("PDL") == 1})
     dt = time.time() - t0
     md = ck.metadata._asdict()
     ptx = ck.asm["ptx"]

@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from pq_hist import FIXED, pq_hist_kernel  # noqa: E402
+from pq_index import INDEX_FIXED, pq_index_kernel, pq_wfill_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, THRESH_FIXED, pq_emit_kernel, pq_thresh_kernel  # noqa: E402
 
 
@@ -149,6 +150,25 @@ def run_split(st, S, n_old, cfg, tile, mp=2):
     return sl.a, ln.a, w.a
 
 
+def run_index(st, S, n_old, cfg, tile, mp=2):
+    """pq_wfill_kernel then pq_index_kernel (its own histogram and buckets, PDL off: the
+    interpreter runs the launches in order) for the state ``st`` at S; returns
+    (sparse_list, sparse_len, weight_list) and checks that the marks are left zero."""
+    B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
+    rows = B * H
+    sl, ln, w = poisoned_outputs(rows, S, cfg)
+    pq_wfill_kernel[(3, )](w, rows, S, cfg["sink"], cfg["window"], FT=INDEX_FIXED["FT"], PDL=0, num_warps=4)
+    q, key, cent = st["q"], st["key"], st["cent"]
+    Sk = key.a.shape[2]
+    pq_index_kernel[(rows, 2)](
+        q, key, cent, st["phi"], st["codes"], st["ihist"], st["ihistn"], st["lvl"], st["lut"], st["bkt"], st["mark"],
+        sl, ln, w, H * D, D, H_kv * Sk * D, Sk * D, D,
+        H, H // H_kv, M, 1 << bits, bits, D // M, S, n_old, st["cap"], st["capc"], cfg["sink"], cfg["window"],
+        cfg["heavy"], cfg["init_offset"], st["metric_ip"], MP=mp, TILE=tile, PDL=0, **INDEX_FIXED, num_warps=4)
+    assert not st["mark"].a.any(), "pq_index left its start marks non-zero"
+    return sl.a, ln.a, w.a
+
+
 def make_state(rng, B, H, H_kv, D, M, bits, S_max, n_cached, small, metric_ip=False):
     K = 1 << bits
     d_s = D // M
@@ -166,7 +186,13 @@ def make_state(rng, B, H, H_kv, D, M, bits, S_max, n_cached, small, metric_ip=Fa
     codes[..., :n_cached] = rng.integers(0, K, (B, H_kv, M, n_cached))
     phi = (rng.random(B * H_kv * M) * 2 * d_s).astype(np.float32) if metric_ip else np.zeros(1, np.float32)
     rows = B * H
+    # pq_index's bucket capacity as the indexer sizes it (2 x a uniform share + 16); the
+    # buckets start as poison (-1): only slots below a combination's count are read
+    capc = 2 * -(-cap // FIXED["NC"]) + 16
     return dict(B=B, H=H, H_kv=H_kv, D=D, M=M, bits=bits, q=Arr(q), key=Arr(key), cent=Arr(cent), phi=Arr(phi),
+                ihist=Arr(np.zeros((rows, FIXED["NC"]), np.int32)), ihistn=Arr(np.zeros(rows, np.int32)),
+                bkt=Arr(np.full((rows, FIXED["NC"], capc), -1, np.int32)), capc=capc,
+                mark=Arr(np.zeros((rows, INDEX_FIXED["TP"]), np.int32)),
                 codes=Arr(codes), cap=cap, metric_ip=int(metric_ip),
                 hist=Arr(np.zeros((rows, FIXED["NC"]), np.int32)), histn=Arr(np.zeros(rows, np.int32)),
                 lvl=Arr(np.zeros((rows, FIXED["LEVELS"], FIXED["NB"]), np.int32)),
@@ -276,17 +302,23 @@ def main():
         n_old = n0
         S = S0
         plan = [S0 + i for i in range(steps)] + [S0 + steps - 1]  # decode steps, then a replay
-        splits = 0
+        splits = indexed = 0
         for i, S in enumerate(plan):
             n = S - cfg["init_offset"]
             w0 = max(0, S - min(cfg["window"], S) - cfg["init_offset"])
             assert w0 <= n_old, name
-            # odd launches take the two-launch path where it applies (same persistent state)
-            split = i % 2 == 1 and split_applies(S, cfg)
-            out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
-            check(st, S, n_old, cfg, out, f"{name} step {i} S={S}{' (split)' if split else ''}")
+            # launches rotate over pq_hist, split (where it applies) and the indexed path
+            # (M <= 2; its own histogram and buckets); the same persistent codes
+            split = i % 3 == 1 and split_applies(S, cfg)
+            index = i % 3 == 2 and M <= 2
+            run = run_split if split else run_index if index else run_step
+            out = run(st, S, n_old, cfg, tile, mp)
+            tag = " (split)" if split else " (indexed)" if index else ""
+            check(st, S, n_old, cfg, out, f"{name} step {i} S={S}{tag}")
             splits += split
-            assert np.all(st["histn"].a == w0), f"{name}: histn {st['histn'].a} != w0 {w0}"
+            indexed += index
+            hn = st["ihistn"] if index else st["histn"]
+            assert np.all(hn.a == w0), f"{name}: histn {hn.a} != w0 {w0}"
             assert not st["lvl"].a.any(), f"{name}: level histograms not left zero"
             n_old = max(n_old, n)
         # the persistent histogram equals a recount; then a reset recounts from scratch
@@ -297,13 +329,19 @@ def main():
             combo = sum(cd[m] << ((M - 1 - m) * bits) for m in range(M))
             want = np.bincount(combo, minlength=FIXED["NC"])
             assert np.array_equal(st["hist"].a[r], want), f"{name}: row {r}: histogram != recount"
-        st["histn"].a[:] = 0
-        st["hist"].a[:] = 0
+        for hk in ("hist", "histn", "ihist", "ihistn"):
+            st[hk].a[:] = 0
         split = split_applies(S, cfg)
         out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
         check(st, S, n_old, cfg, out, f"{name} after reset")
         splits += split
-        print(f"  {name}: {len(plan) + 1} launches ok ({splits} of them split: pq_thresh + pq_emit)")
+        launches = len(plan) + 1
+        if M <= 2:  # the indexed path after the reset too: buckets refilled from scratch
+            check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp), f"{name} after reset (indexed)")
+            indexed += 1
+            launches += 1
+        print(f"  {name}: {launches} launches ok ({splits} split: pq_thresh + pq_emit, {indexed} indexed: "
+              "pq_wfill + pq_index)")
     print("interp_check: ok")
     return 0
 

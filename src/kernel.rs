@@ -774,9 +774,12 @@ impl Kernel {
     /// these arguments and this grid, until the graph's next replay completes), and
     /// `exec` / `node` must be live handles of one graph, not replaying on another thread.
     ///
+    /// A PDL variant's node keeps the programmatic edge it was captured with (the update
+    /// changes grid and arguments only).
+    ///
     /// Errors: argument errors as in [`pack_args`]; [`Error::Launch`] when the variant
-    /// needs scratch, a cluster, PDL or a cooperative grid (not supported for updates),
-    /// when the node runs another function, or when the driver refuses the update.
+    /// needs scratch, a cluster or a cooperative grid (not supported for updates), when
+    /// the node runs another function, or when the driver refuses the update.
     pub unsafe fn update_graph_node(
         &self,
         exec: sys::CUgraphExec,
@@ -789,9 +792,13 @@ impl Kernel {
             msg,
         };
         let plan = plan_launch(&self.variant, grid)?;
-        if plan.global_scratch_bytes > 0 || plan.profile_scratch_bytes > 0 || plan.needs_ex() {
+        if plan.global_scratch_bytes > 0
+            || plan.profile_scratch_bytes > 0
+            || plan.cluster.is_some()
+            || plan.cooperative
+        {
             return Err(refuse(
-                "graph node updates support plain launches only (no scratch, cluster, PDL or cooperative grid)"
+                "graph node updates support plain and PDL launches only (no scratch, cluster or cooperative grid)"
                     .to_string(),
             ));
         }

@@ -238,7 +238,7 @@ fn gpu_pipeline_matches_cpu_reference() {
     let Some(rt) = runtime() else { return };
     let seed = seed();
     let mut failures = Vec::new();
-    let (mut runs, mut hist_runs, mut split_runs) = (0, 0, 0);
+    let (mut runs, mut hist_runs, mut split_runs, mut index_runs) = (0, 0, 0, 0);
     let cases = cases();
     for (i, case) in cases.iter().enumerate() {
         let n_cached = case
@@ -251,7 +251,12 @@ fn gpu_pipeline_matches_cpu_reference() {
             PqInputs::random(&case.cfg, case.shape, n_cached, s)
         }
         .expect("inputs");
-        for path in [SelectPath::Chunked, SelectPath::Hist, SelectPath::Split] {
+        for path in [
+            SelectPath::Chunked,
+            SelectPath::Hist,
+            SelectPath::Split,
+            SelectPath::Index,
+        ] {
             let t = std::time::Instant::now();
             let ex = match execute_with_path(&rt, &case.cfg, &inputs, None, path, 0, false) {
                 Ok(ex) => ex,
@@ -263,12 +268,14 @@ fn gpu_pipeline_matches_cpu_reference() {
             };
             if (path == SelectPath::Hist && !ex.hist_path)
                 || (path == SelectPath::Split && !ex.split_path)
+                || (path == SelectPath::Index && !ex.index_path)
             {
                 continue; // that path does not apply: the same run as an earlier one
             }
             runs += 1;
-            hist_runs += usize::from(ex.hist_path && !ex.split_path);
+            hist_runs += usize::from(ex.hist_path && !ex.split_path && !ex.index_path);
             split_runs += usize::from(ex.split_path);
+            index_runs += usize::from(ex.index_path);
             let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
             let report = if case.exact {
                 check_exact(&case.cfg, &inputs, &ex.output)
@@ -281,7 +288,9 @@ fn gpu_pipeline_matches_cpu_reference() {
                 if ok { "ok  " } else { "FAIL" },
                 i,
                 case.name,
-                if ex.split_path {
+                if ex.index_path {
+                    "index"
+                } else if ex.split_path {
                     "split"
                 } else if ex.hist_path {
                     "hist"
@@ -307,7 +316,7 @@ fn gpu_pipeline_matches_cpu_reference() {
         }
     }
     eprintln!(
-        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases, {runs} runs, {hist_runs} on pq_hist, {split_runs} split)",
+        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases, {runs} runs, {hist_runs} on pq_hist, {split_runs} split, {index_runs} indexed)",
         runs - failures.len(),
         failures.len(),
         cases.len()
@@ -320,6 +329,10 @@ fn gpu_pipeline_matches_cpu_reference() {
     assert!(
         split_runs >= 8,
         "only {split_runs} cases ran the split histogram path (expected every pq_hist case whose heavy picks lie between sink and window)"
+    );
+    assert!(
+        index_runs >= 4,
+        "only {index_runs} cases ran the indexed histogram path (expected every pq_hist case with M <= 2 and one dtype)"
     );
 }
 
@@ -443,22 +456,33 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
 
 #[test]
 fn gpu_hist_path_decode_loop_and_reimport() {
+    hist_loop_and_reimport(SelectPath::Hist, "histogram", |i| {
+        i.hist && !i.split && !i.index
+    });
+}
+
+#[test]
+fn gpu_index_path_decode_loop_and_reimport() {
+    // the indexed path's buckets fill as keys join the candidates, one per step; the
+    // re-import must empty them (counted anew), not reuse them
+    hist_loop_and_reimport(SelectPath::Index, "indexed", |i| i.hist && i.index);
+}
+
+/// A decode loop on a histogram path (`ran` tells whether a step ran it): each step
+/// moves every row's histogram by one key (graph updated in place); then a re-import
+/// resets it and it is counted anew. Both checked against the CPU reference.
+fn hist_loop_and_reimport(path: SelectPath, what: &str, ran: fn(&StepInfo) -> bool) {
     let Some(rt) = runtime() else { return };
     let cfg = base();
-    // a decode loop on the histogram path: each step moves every row's histogram by one
-    // key (graph updated in place); then a re-import resets it and it is counted anew
     let (s0, s1) = (9000, 9016);
     let shape = sh(2, 8, 4, s1, 128);
-    let (mut ix, dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Hist);
+    let (mut ix, dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), path);
     for (s, info) in (s0..=s1).zip(&infos) {
-        assert!(
-            info.hist && !info.split,
-            "S={s}: the one-launch histogram path did not run"
-        );
+        assert!(ran(info), "S={s}: the {what} path did not run: {info:?}");
     }
     let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
-    eprintln!("histogram decode loop S={s0}..={s1}: [{report}]");
-    assert!(report.passed(), "decode loop: {report}");
+    eprintln!("{what} decode loop S={s0}..={s1}: [{report}]");
+    assert!(report.passed(), "{what} decode loop: {report}");
     // replace the codes: the histogram must be recounted, not reused
     let codes = ix.export_codes().expect("export");
     let n1 = ix.n_cached();
@@ -470,7 +494,10 @@ fn gpu_hist_path_decode_loop_and_reimport() {
     let info = ix
         .step(dev.query(), dev.key(), s1, LaunchMode::Launch)
         .expect("step after re-import");
-    assert!(info.hist);
+    assert!(
+        ran(&info),
+        "after re-import: the {what} path did not run: {info:?}"
+    );
     let out2 = ix.download().expect("download");
     let inputs2 = PqInputs {
         codes: shifted,
@@ -478,8 +505,8 @@ fn gpu_hist_path_decode_loop_and_reimport() {
         ..inputs.clone()
     };
     let report2 = check(&cfg, &inputs2, &out2);
-    eprintln!("after re-import: [{report2}]");
-    assert!(report2.passed(), "after re-import: {report2}");
+    eprintln!("{what}: after re-import: [{report2}]");
+    assert!(report2.passed(), "{what}: after re-import: {report2}");
 }
 
 #[test]

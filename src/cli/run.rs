@@ -131,9 +131,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "ID", help_heading = "Backend")]
     pub select_variant: Option<String>,
     /// Select kernel: `auto` (the split histogram path for < 64 rows of >= 16384 keys,
-    /// pq_hist for >= 64 rows of >= 32768 keys, else pq_select; where they apply), `chunked` (always pq_select),
-    /// `hist` (pq_hist, one launch, wherever it applies: K^M <= 4096, M <= 4) or
-    /// `split` (pq_thresh + pq_emit wherever they apply, else as `hist`).
+    /// the indexed one (else pq_hist) for >= 64 rows of >= 32768 keys, else pq_select;
+    /// where they apply), `chunked` (always pq_select), `hist` (pq_hist, one launch,
+    /// wherever it applies: K^M <= 4096, M <= 4), `split` (pq_thresh + pq_emit wherever
+    /// they apply, else as `hist`) or `index` (pq_wfill + pq_index: keys gathered from
+    /// per-combination buckets; M <= 2, one dtype; else as `split`).
     #[arg(long, value_enum, default_value_t = pq::gpu::SelectPath::Auto, help_heading = "Backend")]
     pub select_path: pq::gpu::SelectPath,
     #[command(flatten)]
@@ -246,7 +248,9 @@ pub fn run_gpu(
         "gpu:     {} ({}), select kernel {}",
         ex.device_name,
         rt.device().arch(),
-        if ex.split_path {
+        if ex.index_path {
+            "pq_wfill + pq_index (histogram path, indexed)"
+        } else if ex.split_path {
             "pq_thresh + pq_emit (histogram path, split)"
         } else if ex.hist_path {
             "pq_hist (histogram path)"

@@ -24,7 +24,13 @@
 //!   decode step), the split histogram path: `pq_thresh.m<MP>.q_<qt>` finds each row's
 //!   threshold as `pq_hist` does and writes its class bounds, then
 //!   `pq_emit.m<MP>.w_<wt>` spreads each row's pass over `cdiv(n, TILE)` CTAs that
-//!   exchange their counts through per-part flag words (`kernels_triton/pq_split.py`).
+//!   exchange their counts through per-part flag words (`kernels_triton/pq_split.py`);
+//! - or the indexed histogram path (`M <= 2`, query dtype = weight dtype): `pq_wfill.w_<wt>`
+//!   writes `weight_list`'s zeros and sink/window ones over every SM while
+//!   `pq_index.m2.q_<t>.w_<t>` (a programmatic dependent launch beside it) finds each
+//!   row's threshold as `pq_hist` does and gathers the taken keys from per-combination
+//!   buckets of key positions (`i32 [B*H, 4096, CAPC]`, filled as keys join the
+//!   candidates), so no step reads the row's codes again (`kernels_triton/pq_index.py`).
 //!
 //! The steady-state step allocates nothing, copies nothing between host and device and
 //! never synchronizes. [`LaunchMode::Graph`] captures the step once into a CUDA graph per
@@ -64,7 +70,9 @@ const HIST_LEVEL_BINS: usize = 3 * 1024;
 pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: split (`pq_thresh`
     /// and `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
-    /// `pq_hist` for at least 64 rows and 32768 keys, else `pq_select`. Measured on the
+    /// for at least 64 rows and 32768 keys the indexed path (`pq_wfill` + `pq_index`)
+    /// where it is built, else `pq_hist`; else `pq_select`. Indexed vs `pq_hist` on the
+    /// large workload: NOTES.md, session 11. Measured on the
     /// H100 (NOTES.md, sessions 3 and 5-8): one `pq_hist` CTA per row leaves most SMs
     /// idle with few rows, where the split path spreads the emit over every SM (reference
     /// workload, `tritonrt run` wall per step: 25.3 us split, 34.7 pq_hist, 32.9 chunked
@@ -81,6 +89,10 @@ pub enum SelectPath {
     /// `init_offset >= min(sink, S)`, `S - min(window, S) - init_offset >= k`); else as
     /// [`SelectPath::Hist`].
     Split,
+    /// `pq_wfill` + `pq_index` wherever they are built and the histogram path applies
+    /// (as [`SelectPath::Hist`], `M <= 2`, query dtype = weight dtype, `B*H*S < 2^31`);
+    /// else as [`SelectPath::Split`].
+    Index,
 }
 
 /// How a step is issued.
@@ -145,6 +157,8 @@ pub struct StepInfo {
     pub hist: bool,
     /// Whether it ran split: `pq_thresh` + `pq_emit`.
     pub split: bool,
+    /// Whether it ran indexed: `pq_wfill` + `pq_index`.
+    pub index: bool,
 }
 
 /// A growable device buffer of `T` (grows only, never shrinks; contents are not kept).
@@ -185,6 +199,11 @@ struct Kernels {
     /// `pq_thresh.m<MP>.q_<qt>` and `pq_emit.m<MP>.w_<wt>` (the split histogram path),
     /// with the emit variant's `TILE` (positions per CTA); where `hist` is.
     split: Option<(Arc<Kernel>, Arc<Kernel>, usize)>,
+    /// `pq_index.m2.q_<t>.w_<t>` and `pq_wfill.w_<t>` (the indexed histogram path), with
+    /// pq_index's `TP` (gathered keys per row at most); where built (`M <= 2`, `K^M <=
+    /// 4096`, query dtype = weight dtype). No `pq_wfill` where the pq_index variant has
+    /// `PDL=0` (sm_80: its row CTAs write their weights themselves).
+    index: Option<(Arc<Kernel>, Option<Arc<Kernel>>, usize)>,
     short: Arc<Kernel>,
     quantize: Arc<Kernel>,
     import: Arc<Kernel>,
@@ -256,6 +275,17 @@ pub struct GpuIndexer {
     split_need: DevBuf<i32>,
     split_flag: DevBuf<i64>,
     split_ctr: DevBuf<i32>,
+    /// Indexed path state: its own combination counts `i32 [B*H, HIST_COMBOS]` of the
+    /// keys `j < ihistn[r]` (`ihistn i32 [B*H]`), the buckets `i32 [B*H, HIST_COMBOS,
+    /// capc]` (key positions per combination, slot = count when the key joined; a
+    /// combination's keys past `capc` are not kept and its rows fall back to a pass over
+    /// the codes), the gather's start marks `i32 [B*H, TP]` (kept zero by the kernel).
+    /// Counts zero-filled at creation, on import and when `capc` changes.
+    ihist: DevBuf<i32>,
+    ihistn: DevBuf<i32>,
+    bkt: DevBuf<i32>,
+    mark: DevBuf<i32>,
+    capc: usize,
     path: SelectPath,
     stage: DevBuf<i64>,
     cand: DevBuf<i64>,
@@ -417,6 +447,22 @@ impl GpuIndexer {
         let qt = dt(cfg.input_dtype);
         let wt = dt(cfg.weight_dtype);
         let combos = k.checked_pow(m as u32).unwrap_or(usize::MAX);
+        let index = if combos <= HIST_COMBOS && m <= 2 && qt == wt {
+            // built for these configs only (kernels_triton/pq_index.py)
+            match (
+                rt.default_kernel(&format!("pq_index.m2.q_{qt}.w_{wt}")),
+                rt.default_kernel(&format!("pq_wfill.w_{wt}")),
+            ) {
+                (Ok(ix), Ok(fill)) => {
+                    let tp = constexpr_usize(&ix, "TP")?;
+                    let fill = (constexpr_usize(&ix, "PDL")? == 1).then_some(fill);
+                    Some((ix, fill, tp))
+                }
+                _ => None,
+            }
+        } else {
+            None
+        };
         let (hist, split) = if combos <= HIST_COMBOS && m <= 4 {
             let mp = if m <= 2 { 2 } else { 4 };
             let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
@@ -435,6 +481,7 @@ impl GpuIndexer {
         let kernels = Kernels {
             hist,
             split,
+            index,
             chunk: constexpr_usize(&select, "CHUNK")?,
             k_pad: constexpr_usize(&select, "K_PAD")?,
             stage: 2 * constexpr_usize(&select, "K_PAD")?,
@@ -472,6 +519,11 @@ impl GpuIndexer {
             split_need: DevBuf::new(),
             split_flag: DevBuf::new(),
             split_ctr: DevBuf::new(),
+            ihist: DevBuf::new(),
+            ihistn: DevBuf::new(),
+            bkt: DevBuf::new(),
+            mark: DevBuf::new(),
+            capc: 0,
             path: SelectPath::default(),
             stage: DevBuf::new(),
             cand: DevBuf::new(),
@@ -495,6 +547,11 @@ impl GpuIndexer {
             me.split_bnd.ensure(&me.stream, rows * 2)?;
             me.split_need.ensure(&me.stream, rows)?;
             me.split_ctr.ensure(&me.stream, 1)?;
+        }
+        if let Some((_, _, tp)) = me.kernels.index {
+            me.ihist.ensure(&me.stream, rows * HIST_COMBOS)?;
+            me.ihistn.ensure(&me.stream, rows)?;
+            me.mark.ensure(&me.stream, rows * tp)?;
         }
         Ok(me)
     }
@@ -536,6 +593,10 @@ impl GpuIndexer {
         v.extend(k.hist.clone());
         if let Some((t, e, _)) = &k.split {
             v.extend([t.clone(), e.clone()]);
+        }
+        if let Some((ix, fill, _)) = &k.index {
+            v.extend(fill.clone());
+            v.push(ix.clone());
         }
         v
     }
@@ -660,7 +721,12 @@ impl GpuIndexer {
     /// zero `hist` and `histn`, so the next histogram step counts every candidate anew.
     fn reset_hist(&mut self) -> Result<()> {
         let st = self.stream.clone();
-        for b in [&mut self.hist, &mut self.histn] {
+        for b in [
+            &mut self.hist,
+            &mut self.histn,
+            &mut self.ihist,
+            &mut self.ihistn,
+        ] {
             if let Some(buf) = b.buf.as_mut() {
                 st.memset_zeros(buf).map_err(|e| {
                     crate::device::driver_err("clearing the combination histogram", e)
@@ -734,6 +800,18 @@ impl GpuIndexer {
                 self.split_flag
                     .ensure(&self.stream, rows * n.div_ceil(tile))?;
             }
+            if self.kernels.index.is_some() && self.index_wanted(s) {
+                // buckets sized from the code capacity: twice a uniform share of the
+                // keys per combination, plus 16 (rows whose taken combinations hold more
+                // fall back to a pass over their codes, still exact)
+                let capc = 2 * self.cap.div_ceil(HIST_COMBOS) + 16;
+                if capc != self.capc {
+                    self.bkt.ensure(&self.stream, rows * HIST_COMBOS * capc)?;
+                    self.capc = capc;
+                    // the bucket layout changed: count every candidate anew
+                    self.reset_hist()?;
+                }
+            }
         }
         Ok(())
     }
@@ -755,6 +833,11 @@ impl GpuIndexer {
             self.split_need.ptr(s),
             self.split_flag.ptr(s),
             self.split_ctr.ptr(s),
+            self.ihist.ptr(s),
+            self.ihistn.ptr(s),
+            self.bkt.ptr(s),
+            self.capc as u64,
+            self.mark.ptr(s),
             self.sparse_list.ptr(s),
             self.sparse_len.ptr(s),
             self.weight.ptr(s),
@@ -802,6 +885,7 @@ impl GpuIndexer {
                 captured: false,
                 hist: false,
                 split: false,
+                index: false,
             };
             return Ok((info, vec![launch]));
         }
@@ -810,7 +894,7 @@ impl GpuIndexer {
         let d_s = self.cfg.d_sub(d);
         let n = self.cfg.n_quantized(s);
         let metric_ip = i32::from(self.cfg.metric == Metric::Ip);
-        if let Some(launches) = self.plan_hist(query, key, s, n_old)? {
+        if let Some((launches, index)) = self.plan_hist(query, key, s, n_old)? {
             let info = StepInfo {
                 s,
                 total: self.cfg.total(s),
@@ -818,7 +902,8 @@ impl GpuIndexer {
                 launches: launches.len(),
                 captured: false,
                 hist: true,
-                split: launches.len() == 2,
+                split: launches.len() == 2 && !index,
+                index,
             };
             return Ok((info, launches));
         }
@@ -884,6 +969,7 @@ impl GpuIndexer {
             captured: false,
             hist: false,
             split: false,
+            index: false,
         };
         Ok((info, launches))
     }
@@ -932,16 +1018,30 @@ impl GpuIndexer {
         ])
     }
 
+    /// Whether [`SelectPath`] asks for the indexed path at `s` (where it applies): always
+    /// under [`SelectPath::Index`]; under [`SelectPath::Auto`] for at least 64 rows of
+    /// 32768 quantized keys (measured on the H100, NOTES.md, session 11: large workload
+    /// 42.6 us GPU per step in the JIT harness against 71.8 split and 73.3 pq_hist).
+    fn index_wanted(&self, s: usize) -> bool {
+        let rows = self.shape.b * self.shape.h;
+        match self.path {
+            SelectPath::Index => true,
+            SelectPath::Auto => rows >= 64 && self.cfg.n_quantized(s) >= 32768,
+            _ => false,
+        }
+    }
+
     /// The histogram path's launches for a (non-short) step at `s` with `N_cached =
-    /// n_old`: `pq_hist` alone, or `pq_thresh` + `pq_emit` (split); None where the path
-    /// does not apply or [`SelectPath`] declines it.
+    /// n_old`: `pq_hist` alone, `pq_thresh` + `pq_emit` (split), or `pq_wfill` +
+    /// `pq_index` (indexed: the flag is true); None where the path does not apply or
+    /// [`SelectPath`] declines it.
     fn plan_hist(
         &self,
         query: &DeviceTensorRef,
         key: &DeviceTensorRef,
         s: usize,
         n_old: usize,
-    ) -> Result<Option<Vec<Launch>>> {
+    ) -> Result<Option<(Vec<Launch>, bool)>> {
         let (Some(k), Some((thresh, emit, tile))) = (&self.kernels.hist, &self.kernels.split)
         else {
             return Ok(None);
@@ -957,10 +1057,55 @@ impl GpuIndexer {
         let split_applies = cfg.init_offset >= cfg.sink_eff(s)
             && s - cfg.window_eff(s) >= cfg.init_offset
             && w0 >= cfg.heavy_k(s);
+        let index = match &self.kernels.index {
+            Some(ix) if applies && self.capc > 0 && self.index_wanted(s) => {
+                // pq_wfill indexes the flat weight_list in i32
+                i32::try_from(rows * s).ok().map(|_| ix)
+            }
+            _ => None,
+        };
+        if let Some((ix, fill, _)) = index {
+            let st = &self.stream;
+            let mut named = self.select_args(query, key, s, n_old)?;
+            named.extend([
+                ("hist_ptr", KernelArg::Ptr(self.ihist.ptr(st))),
+                ("histn_ptr", KernelArg::Ptr(self.ihistn.ptr(st))),
+                ("lvl_ptr", KernelArg::Ptr(self.hist_lvl.ptr(st))),
+                ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
+                ("bkt_ptr", KernelArg::Ptr(self.bkt.ptr(st))),
+                ("mark_ptr", KernelArg::Ptr(self.mark.ptr(st))),
+                ("CAPC", i32_arg("bucket capacity", self.capc)?),
+                ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
+                ("rows", i32_arg("rows", rows)?),
+            ]);
+            let iargs = self.arg_order.args(ix, &named, true)?;
+            // Bounds: pq_wfill writes weight elements 0 .. rows x s (ensure_buffers sized
+            // weight for that; rows x s < 2^31 checked above), any grid size. pq_index as
+            // pq_hist for hist/histn (here ihist/ihistn, new(): rows x HIST_COMBOS, rows),
+            // lvl, lut, codes and the outputs; ensure_buffers sized bkt for rows x
+            // HIST_COMBOS x capc (the kernel stores slots < CAPC = capc only) and new()
+            // the marks for rows x TP (the kernel's constexpr, kept in Kernels::index). pq_index is a programmatic dependent of
+            // pq_wfill (its variant's launch_pdl) and waits for it before any weight.
+            // pq_wfill: one CTA per SM, so each leaves room for a pq_index CTA beside it
+            let mut launches = Vec::with_capacity(2);
+            if let Some(fill) = fill {
+                launches.push(Launch {
+                    kernel: fill.clone(),
+                    grid: [self.rt.device().sm_count().max(1), 1, 1],
+                    args: self.arg_order.args(fill, &named, true)?,
+                });
+            }
+            launches.push(Launch {
+                kernel: ix.clone(),
+                grid: [rows as u32, 2, 1],
+                args: iargs,
+            });
+            return Ok(Some((launches, true)));
+        }
         let (wanted, split) = match self.path {
             SelectPath::Chunked => (false, false),
             SelectPath::Hist => (true, false),
-            SelectPath::Split => (true, split_applies),
+            SelectPath::Split | SelectPath::Index => (true, split_applies),
             // measured on the H100 (NOTES.md, sessions 6-8): split wins with fewer rows
             // than SMs (reference: 25.3 vs 32.9 us wall for pq_select, 34.7 for
             // pq_hist), pq_hist with 128 rows of 131k keys (large: 82.6 vs 85.0 us split)
@@ -990,11 +1135,14 @@ impl GpuIndexer {
             // earlier step's w0, or 0 after reset_hist) and writes codes n_old .. n.
             // Grid: CTA (r, 0) is row r, CTA (r, 1) quantizes for row r's KV group (first
             // head of the group only; the others exit at once).
-            return Ok(Some(vec![Launch {
-                kernel: k.clone(),
-                grid: [rows as u32, 2, 1],
-                args,
-            }]));
+            return Ok(Some((
+                vec![Launch {
+                    kernel: k.clone(),
+                    grid: [rows as u32, 2, 1],
+                    args,
+                }],
+                false,
+            )));
         }
         let parts = n.div_ceil(*tile);
         named.extend([
@@ -1015,18 +1163,21 @@ impl GpuIndexer {
         // is exactly rows x parts CTAs, each taking one ticket < rows x parts.
         let rows_parts = u32::try_from(rows * parts)
             .map_err(|_| Error::invalid("emit grid", format!("{rows} rows x {parts} parts")))?;
-        Ok(Some(vec![
-            Launch {
-                kernel: thresh.clone(),
-                grid: [rows as u32, 2, 1],
-                args: targs,
-            },
-            Launch {
-                kernel: emit.clone(),
-                grid: [rows_parts, 1, 1],
-                args: eargs,
-            },
-        ]))
+        Ok(Some((
+            vec![
+                Launch {
+                    kernel: thresh.clone(),
+                    grid: [rows as u32, 2, 1],
+                    args: targs,
+                },
+                Launch {
+                    kernel: emit.clone(),
+                    grid: [rows_parts, 1, 1],
+                    args: eargs,
+                },
+            ],
+            false,
+        )))
     }
 
     /// Issue one step's launches on the stream.
@@ -1473,6 +1624,8 @@ pub struct Execution {
     pub hist_path: bool,
     /// Whether they ran it split (`pq_thresh` + `pq_emit`).
     pub split_path: bool,
+    /// Whether they ran it indexed (`pq_wfill` + `pq_index`).
+    pub index_path: bool,
     /// Name of the GPU.
     pub device_name: String,
 }
@@ -1606,6 +1759,7 @@ pub fn execute_with_path(
         select_variant: ix.select_variant().to_string(),
         hist_path: first.hist,
         split_path: first.split,
+        index_path: first.index,
         device_name: rt.device().name().to_string(),
     })
 }
@@ -1710,7 +1864,9 @@ pub fn bench_shape(
         launch_gpu: timed(ex.launch_gpu),
         graph_gpu: timed(ex.graph_gpu),
         floor_bytes: memory_floor_bytes(cfg, &inputs.shape, inputs.n_cached),
-        select_variant: if ex.split_path {
+        select_variant: if ex.index_path {
+            "pq_wfill + pq_index (histogram path, indexed)".to_string()
+        } else if ex.split_path {
             "pq_thresh + pq_emit (histogram path, split)".to_string()
         } else if ex.hist_path {
             "pq_hist (histogram path)".to_string()
