@@ -14,6 +14,7 @@ Used while developing the kernel; the Rust tests and `tritonrt bench` are the co
 """
 
 import argparse
+import ctypes
 import os
 import statistics
 import sys
@@ -88,6 +89,8 @@ class Step:
         self.bkt = None
         self.pdl = False  # index: weights by pq_wfill, pq_index a programmatic dependent launch
         self.fill_ctas = 132
+        self.fill_warps = 4
+        self.carved = False
         self.maxnreg = 0
 
     def prepare(self, S):
@@ -137,8 +140,12 @@ class Step:
                 self.mark = torch.zeros(B * H, self.tp, dtype=torch.int32, device="cuda")
             extra = {}
             if self.pdl:
-                pq_wfill_kernel[(self.fill_ctas, )](self.w, B * H, self.S, c["sink_size"], c["window_size"],
-                                                   FT=2048, PDL=1, num_warps=4)
+                fk = pq_wfill_kernel[(self.fill_ctas, )](self.w, B * H, self.S, c["sink_size"], c["window_size"],
+                                                        FT=2048, PDL=1, num_warps=self.fill_warps)
+                if not self.carved:  # as the runtime does: room for pq_index's shared memory beside it
+                    fk._init_handles()
+                    ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(fk.function), 9, 100)
+                    self.carved = True
                 extra["launch_pdl"] = True
             if self.maxnreg:
                 extra["maxnreg"] = self.maxnreg
@@ -275,6 +282,7 @@ def main():
     ap.add_argument("--pdl", action="store_true", help="index: pq_wfill, then pq_index as a PDL launch")
     ap.add_argument("--maxnreg", type=int, default=0, help="index: register cap (0: none)")
     ap.add_argument("--fill-ctas", type=int, default=132, help="index --pdl: pq_wfill's CTAs")
+    ap.add_argument("--fill-warps", type=int, default=4, help="index --pdl: pq_wfill's warps")
     ap.add_argument("--tp", type=int, default=INDEX_FIXED["TP"], help="index: gathered keys per row at most")
     a = ap.parse_args()
     rows = []
@@ -290,6 +298,7 @@ def main():
                 st.pdl = a.pdl
                 st.maxnreg = a.maxnreg
                 st.fill_ctas = a.fill_ctas
+                st.fill_warps = a.fill_warps
                 tag = f"{warps}/{nb}/t{tw}"
                 try:
                     st.prepare(st.S)

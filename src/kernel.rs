@@ -489,6 +489,35 @@ impl Kernel {
         &self.variant.id
     }
 
+    /// Ask the driver to configure an SM running this kernel for the most shared memory
+    /// (`CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT` = 100 %, a hint), so that CTAs
+    /// of a kernel that needs shared memory can run beside this one's. An SM's L1 /
+    /// shared split is set for the kernel it runs and changes only when it drains: a
+    /// kernel that uses no shared memory otherwise keeps a programmatic dependent that
+    /// does off its SMs until its own CTAs exit (measured on the H100, NOTES.md, session
+    /// 11: `pq_index` beside `pq_wfill`).
+    ///
+    /// Errors: [`Error::Launch`] when the driver refuses the attribute.
+    pub fn prefer_shared_carveout(&self) -> Result<()> {
+        let ctx = self.device.context();
+        let refuse = |msg: String| Error::Launch {
+            kernel: self.variant.id.clone(),
+            msg,
+        };
+        ctx.bind_to_thread()
+            .map_err(|e| refuse(format!("binding the context: {e}")))?;
+        // SAFETY: `func` is a live function handle of this kernel's loaded module.
+        unsafe {
+            sys::cuFuncSetAttribute(
+                self.func,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+        }
+        .result()
+        .map_err(|e| refuse(format!("setting the shared memory carveout: {e}")))
+    }
+
     /// The device it is loaded on.
     pub fn device(&self) -> &Arc<Device> {
         &self.device

@@ -68,11 +68,11 @@ const HIST_LEVEL_BINS: usize = 3 * 1024;
 /// Which select kernel a (non-short) step uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SelectPath {
-    /// The histogram path where it applies and the shape favours it: split (`pq_thresh`
-    /// and `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
-    /// for at least 64 rows and 32768 keys the indexed path (`pq_wfill` + `pq_index`)
-    /// where it is built, else `pq_hist`; else `pq_select`. Indexed vs `pq_hist` on the
-    /// large workload: NOTES.md, session 11. Measured on the
+    /// The histogram path where it applies and the shape favours it: the indexed path
+    /// (`pq_wfill` + `pq_index`) from 16384 quantized keys where it is built (NOTES.md,
+    /// session 11: large workload 46.1 us, reference 24.6); else split (`pq_thresh` and
+    /// `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
+    /// `pq_hist` for at least 64 rows and 32768 keys; else `pq_select`. Measured on the
     /// H100 (NOTES.md, sessions 3 and 5-8): one `pq_hist` CTA per row leaves most SMs
     /// idle with few rows, where the split path spreads the emit over every SM (reference
     /// workload, `tritonrt run` wall per step: 25.3 us split, 34.7 pq_hist, 32.9 chunked
@@ -456,6 +456,10 @@ impl GpuIndexer {
                 (Ok(ix), Ok(fill)) => {
                     let tp = constexpr_usize(&ix, "TP")?;
                     let fill = (constexpr_usize(&ix, "PDL")? == 1).then_some(fill);
+                    if let Some(f) = &fill {
+                        // pq_index (32 KB of shared memory per CTA) must fit beside it
+                        f.prefer_shared_carveout()?;
+                    }
                     Some((ix, fill, tp))
                 }
                 _ => None,
@@ -1019,14 +1023,13 @@ impl GpuIndexer {
     }
 
     /// Whether [`SelectPath`] asks for the indexed path at `s` (where it applies): always
-    /// under [`SelectPath::Index`]; under [`SelectPath::Auto`] for at least 64 rows of
-    /// 32768 quantized keys (measured on the H100, NOTES.md, session 11: large workload
-    /// 42.6 us GPU per step in the JIT harness against 71.8 split and 73.3 pq_hist).
+    /// under [`SelectPath::Index`]; under [`SelectPath::Auto`] from 16384 quantized keys
+    /// (measured on the H100, NOTES.md, session 11, `tritonrt run`: large workload 46.1
+    /// us against 81.6 pq_hist and 84.6 split; reference 24.6 against 25.6 split).
     fn index_wanted(&self, s: usize) -> bool {
-        let rows = self.shape.b * self.shape.h;
         match self.path {
             SelectPath::Index => true,
-            SelectPath::Auto => rows >= 64 && self.cfg.n_quantized(s) >= 32768,
+            SelectPath::Auto => self.cfg.n_quantized(s) >= 16384,
             _ => false,
         }
     }
