@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""CPU check of ``pq_hist_kernel`` under Triton's interpreter (no GPU, no torch).
+"""CPU check of the histogram kernels under Triton's interpreter (no GPU, no torch):
+``pq_hist_kernel``, the split pair (``pq_thresh_kernel`` + ``pq_emit_kernel``) and the
+indexed pair (``pq_wfill_kernel`` + ``pq_index_kernel``, PDL off), in turn on one state.
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_check.py [--quick]
 
-Runs the kernel on small random shapes with numpy arrays (through a minimal stand-in
+Runs the kernels on small random shapes with numpy arrays (through a minimal stand-in
 for the torch tensor API the interpreter calls), then checks every row against the spec
 (spec/pqcache-indexer.md, "What counts as the same answer"): sink and window exact,
 ``sparse_list`` ascending with the right length, ``weight_list`` its indicator, the new

@@ -551,33 +551,40 @@ def pq_hist_kernel(
         # 4. one pass over the row: classify, rank, emit
         total = s_sink + k + s_win
         sl_row = sl_ptr + r64 * total
-        w_row = w_ptr + r64 * S
-        wty = w_ptr.dtype.element_ty
-        offs = tl.arange(0, TILE)
-        # positions before the first quantized key: sink, zeros (and window, on tiny S)
-        for p0 in range(0, init_offset, TILE):
-            p = p0 + offs
-            pm = p < init_offset
-            is_sink = p < s_sink
-            is_win = p >= ws
-            tl.store(sl_row + p + tl.maximum(p - ws, 0), p.to(tl.int64), mask=pm & is_sink)
-            tl.store(sl_row + tl.minimum(p + 1, s_sink) + (p - ws), p.to(tl.int64), mask=pm & is_win)
-            tl.store(w_row + p, (is_sink | is_win).to(tl.float32).to(wty), mask=pm)
-        # the quantized keys j = p - init_offset: heavy picks among the candidates j < w0,
-        # window keys j >= w0. Common case (no heavy position among the sink ones, k
-        # candidates or more): the taken keys as bit masks per 32 keys, ranked per mask.
-        # Else the generic merge (duplicates between sink / heavy / fill / window).
-        crow = codes_ptr + bg * M * cap
-        if (init_offset >= s_sink) & (w0 >= k):
-            _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_offset, t_sure, t_maybe,
-                        need, MP, TILE)
-        else:
-            _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset, t_sure,
-                          t_maybe, need, MP, TILE)
+        _row_pass(codes_ptr + bg * M * cap, lut_row, sl_row, w_ptr + r64 * S, cap, M, K, n, w0, k, s_sink, ws,
+                  init_offset, t_sure, t_maybe, need, MP, TILE)
         tl.store(len_ptr + r64, total.to(tl.int64))
         t5 = _stamp(TIMER)
         if TIMER:
             _store_stamps(lut_ptr, r64, M, K, t0, t1, t2, t3, t4, t5)
+
+
+@triton.jit
+def _row_pass(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset, t_sure, t_maybe, need,
+              MP: tl.constexpr, TILE: tl.constexpr):
+    """Step 4 of ``pq_hist`` (and ``pq_index``'s fallback): one pass over the row's codes
+    ``crow`` writing its ``sparse_list`` and ``weight_list`` rows from the class bounds."""
+    wty = w_row.dtype.element_ty
+    offs = tl.arange(0, TILE)
+    # positions before the first quantized key: sink, zeros (and window, on tiny S)
+    for p0 in range(0, init_offset, TILE):
+        p = p0 + offs
+        pm = p < init_offset
+        is_sink = p < s_sink
+        is_win = p >= ws
+        tl.store(sl_row + p + tl.maximum(p - ws, 0), p.to(tl.int64), mask=pm & is_sink)
+        tl.store(sl_row + tl.minimum(p + 1, s_sink) + (p - ws), p.to(tl.int64), mask=pm & is_win)
+        tl.store(w_row + p, (is_sink | is_win).to(tl.float32).to(wty), mask=pm)
+    # the quantized keys j = p - init_offset: heavy picks among the candidates j < w0,
+    # window keys j >= w0. Common case (no heavy position among the sink ones, k
+    # candidates or more): the taken keys as bit masks per 32 keys, ranked per mask.
+    # Else the generic merge (duplicates between sink / heavy / fill / window).
+    if (init_offset >= s_sink) & (w0 >= k):
+        _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_offset, t_sure, t_maybe, need,
+                    MP, TILE)
+    else:
+        _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset, t_sure, t_maybe,
+                      need, MP, TILE)
 
 
 # ----------------------------------------------------------------------------------

@@ -1,19 +1,23 @@
-"""The decode step in one launch with the codes also kept as buckets per combination
-(``K^M <= 4096``): the heavy keys are gathered, not searched for.
+"""The decode step with the codes also kept as buckets per combination (``K^M <=
+4096``): the heavy keys are gathered, not searched for.
 
 ``pq_hist`` finds the threshold on the row's combination histogram, then reads every
 code of the row again to find the keys above it. Here each row also keeps, per
 combination, the candidate keys that carry it (``bkt i32 [B*H, NC, CAPC]``, filled by
 the same atomics that move the histogram: the count an atomic returns is the key's
 slot), so after the threshold the row gathers the keys of the few combinations it
-takes (a few hundred entries), sorts them by position and writes them. The weights are
-written at the start of the launch (zeros, ones for sink and window), the heavy ones
-after the threshold.
+takes (a few hundred entries), sorts them by position and writes them.
+
+``pq_wfill_kernel`` (sm_90: PDL=1) writes ``weight_list``'s zeros and its sink and
+window ones over every SM and lets ``pq_index_kernel``, launched as its programmatic
+dependent, start at once; the row CTAs write their heavy ones after
+``griddepcontrol.wait``. On sm_80 (PDL=0) no ``pq_wfill`` runs: each row CTA writes its
+own row's weights first.
 
 ``pq_index_kernel``, grid ``(B*H, 2)``: CTA ``(r, 1)`` quantizes the new keys as in
 ``pq_hist``. CTA ``(r, 0)``:
 
-1. writes row ``r``'s ``weight_list`` (1 in the sink and the window, else 0);
+1. (PDL=0) writes row ``r``'s ``weight_list`` (1 in the sink and the window, else 0);
 2. moves the combination histogram ``hist[r]`` from the keys ``j < histn[r]`` it counts
    to the candidates ``j < w0`` (keys only join: when ``w0 < histn[r]`` it recounts from
    zero), each joining key stored at ``bkt[r, combo, slot]`` where ``slot`` is the count
@@ -28,18 +32,16 @@ after the threshold.
    and their weights. Else the row runs ``pq_hist``'s emit (one pass over its codes).
 
 Host preconditions as ``pq_hist`` (the step's new keys are not candidates: ``w0 <=
-n_old``); ``hist``, ``histn``, ``bkt``, ``mark`` zero-filled once, ``histn`` again after
-the codes are replaced.
+n_old``); ``hist``, ``histn``, ``mark`` zero-filled once, ``hist`` and ``histn`` again
+after the codes are replaced or ``CAPC`` changes (``bkt`` needs no initial value).
 """
-
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kspec import Kernel, i32, i64, ptr, single
-from pq_hist import DTYPES
-from pq_hist import (FIXED as HIST_FIXED, _combo_scores, _emit_generic, _emit_masks, _head_lut, _quantize_cta,
-                     _red_add_max, _rounds, _row_ids, _row_sizes, _stamp, _store_stamps)
+from pq_hist import (DTYPES, FIXED as HIST_FIXED, _combo_scores, _head_lut, _quantize_cta, _red_add_max, _rounds,
+                     _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
 
 
 @triton.jit
@@ -179,7 +181,6 @@ def pq_index_kernel(
     else:
         t0 = _stamp(TIMER)
         w_row = w_ptr + r64 * S
-        wty = w_ptr.dtype.element_ty
         if not PDL:
             _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
         # 2-3. histogram and buckets, lookup table, threshold
@@ -210,22 +211,8 @@ def pq_index_kernel(
             # pq_hist's emit: one pass over the row's codes
             if PDL:
                 gdc_wait()
-            offs = tl.arange(0, TILE)
-            for p0 in range(0, init_offset, TILE):
-                p = p0 + offs
-                pm = p < init_offset
-                is_sink = p < s_sink
-                is_win = p >= ws
-                tl.store(sl_row + p + tl.maximum(p - ws, 0), p.to(tl.int64), mask=pm & is_sink)
-                tl.store(sl_row + tl.minimum(p + 1, s_sink) + (p - ws), p.to(tl.int64), mask=pm & is_win)
-                tl.store(w_row + p, (is_sink | is_win).to(tl.float32).to(wty), mask=pm)
-            crow = codes_ptr + bg * M * cap
-            if (init_offset >= s_sink) & (w0 >= k):
-                _emit_masks(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, init_offset, t_sure, t_maybe,
-                            need, MP, TILE)
-            else:
-                _emit_generic(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset, t_sure,
-                              t_maybe, need, MP, TILE)
+            _row_pass(codes_ptr + bg * M * cap, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset,
+                      t_sure, t_maybe, need, MP, TILE)
         tl.store(len_ptr + r64, total.to(tl.int64))
         t5 = _stamp(TIMER)
         if TIMER:

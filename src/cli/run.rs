@@ -130,9 +130,9 @@ pub struct RunArgs {
     /// `tritonrt inspect`).
     #[arg(long, value_name = "ID", help_heading = "Backend")]
     pub select_variant: Option<String>,
-    /// Select kernel: `auto` (the indexed histogram path from 16384 keys where it is
-    /// built, else the split one for < 64 rows of >= 16384 keys, pq_hist for >= 64 rows
-    /// of >= 32768 keys, else pq_select; where they apply), `chunked` (always pq_select), `hist` (pq_hist, one launch,
+    /// Select kernel: `auto` (the indexed histogram path where it is built, else the
+    /// split one for < 64 rows of >= 16384 keys, pq_hist for >= 64 rows of >= 32768 keys,
+    /// else pq_select; where they apply), `chunked` (always pq_select), `hist` (pq_hist, one launch,
     /// wherever it applies: K^M <= 4096, M <= 4), `split` (pq_thresh + pq_emit wherever
     /// they apply, else as `hist`) or `index` (pq_wfill + pq_index: keys gathered from
     /// per-combination buckets; M <= 2, one dtype; else as `split`).

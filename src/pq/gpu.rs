@@ -69,8 +69,8 @@ const HIST_LEVEL_BINS: usize = 3 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: the indexed path
-    /// (`pq_wfill` + `pq_index`) from 16384 quantized keys where it is built (NOTES.md,
-    /// session 11: large workload 46.1 us, reference 24.6); else split (`pq_thresh` and
+    /// (`pq_wfill` + `pq_index`) wherever it is built (NOTES.md, session 11: large
+    /// workload 46.1 us, reference 24.2-25.2); else split (`pq_thresh` and
     /// `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
     /// `pq_hist` for at least 64 rows and 32768 keys; else `pq_select`. Measured on the
     /// H100 (NOTES.md, sessions 3 and 5-8): one `pq_hist` CTA per row leaves most SMs
@@ -280,7 +280,9 @@ pub struct GpuIndexer {
     /// capc]` (key positions per combination, slot = count when the key joined; a
     /// combination's keys past `capc` are not kept and its rows fall back to a pass over
     /// the codes), the gather's start marks `i32 [B*H, TP]` (kept zero by the kernel).
-    /// Counts zero-filled at creation, on import and when `capc` changes.
+    /// Counts zero-filled at creation, on import and when `capc` changes. The buckets
+    /// take `B*H x 4096 x capc x 4` bytes, `capc = 2 cdiv(cap, 4096) + 16` (large
+    /// workload: 128 rows, cap 130944: 168 MB), allocated only when the path is chosen.
     ihist: DevBuf<i32>,
     ihistn: DevBuf<i32>,
     bkt: DevBuf<i32>,
@@ -804,7 +806,7 @@ impl GpuIndexer {
                 self.split_flag
                     .ensure(&self.stream, rows * n.div_ceil(tile))?;
             }
-            if self.kernels.index.is_some() && self.index_wanted(s) {
+            if self.kernels.index.is_some() && self.index_wanted() {
                 // buckets sized from the code capacity: twice a uniform share of the
                 // keys per combination, plus 16 (rows whose taken combinations hold more
                 // fall back to a pass over their codes, still exact)
@@ -1022,16 +1024,37 @@ impl GpuIndexer {
         ])
     }
 
-    /// Whether [`SelectPath`] asks for the indexed path at `s` (where it applies): always
-    /// under [`SelectPath::Index`]; under [`SelectPath::Auto`] from 16384 quantized keys
-    /// (measured on the H100, NOTES.md, session 11, `tritonrt run`: large workload 46.1
-    /// us against 81.6 pq_hist and 84.6 split; reference 24.6 against 25.6 split).
-    fn index_wanted(&self, s: usize) -> bool {
-        match self.path {
-            SelectPath::Index => true,
-            SelectPath::Auto => self.cfg.n_quantized(s) >= 16384,
-            _ => false,
-        }
+    /// The named arguments of the histogram kernels: [`GpuIndexer::select_args`], the
+    /// combination counts `hist` / `histn` (the indexed path keeps its own), the rounds'
+    /// bins, the lookup table and `bits`.
+    fn hist_args(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+        hist: &DevBuf<i32>,
+        histn: &DevBuf<i32>,
+    ) -> Result<Vec<(&'static str, KernelArg)>> {
+        let st = &self.stream;
+        let mut named = self.select_args(query, key, s, n_old)?;
+        named.extend([
+            ("hist_ptr", KernelArg::Ptr(hist.ptr(st))),
+            ("histn_ptr", KernelArg::Ptr(histn.ptr(st))),
+            ("lvl_ptr", KernelArg::Ptr(self.hist_lvl.ptr(st))),
+            ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
+            ("bits", i32_arg("pq_bits", self.cfg.pq_bits as usize)?),
+        ]);
+        Ok(named)
+    }
+
+    /// Whether [`SelectPath`] asks for the indexed path (where it applies): under
+    /// [`SelectPath::Index`] and [`SelectPath::Auto`] (measured on the H100, NOTES.md,
+    /// session 11, `tritonrt run`: large workload 46.1 us against 81.6 pq_hist and 84.6
+    /// split; reference 24.2-24.7 against 25.4-25.6 split; S = 8192: 24.5 us in the JIT
+    /// harness against 31.6 for pq_select's default variant).
+    fn index_wanted(&self) -> bool {
+        matches!(self.path, SelectPath::Index | SelectPath::Auto)
     }
 
     /// The histogram path's launches for a (non-short) step at `s` with `N_cached =
@@ -1061,7 +1084,7 @@ impl GpuIndexer {
             && s - cfg.window_eff(s) >= cfg.init_offset
             && w0 >= cfg.heavy_k(s);
         let index = match &self.kernels.index {
-            Some(ix) if applies && self.capc > 0 && self.index_wanted(s) => {
+            Some(ix) if applies && self.capc > 0 && self.index_wanted() => {
                 // pq_wfill indexes the flat weight_list in i32
                 i32::try_from(rows * s).ok().map(|_| ix)
             }
@@ -1069,16 +1092,11 @@ impl GpuIndexer {
         };
         if let Some((ix, fill, _)) = index {
             let st = &self.stream;
-            let mut named = self.select_args(query, key, s, n_old)?;
+            let mut named = self.hist_args(query, key, s, n_old, &self.ihist, &self.ihistn)?;
             named.extend([
-                ("hist_ptr", KernelArg::Ptr(self.ihist.ptr(st))),
-                ("histn_ptr", KernelArg::Ptr(self.ihistn.ptr(st))),
-                ("lvl_ptr", KernelArg::Ptr(self.hist_lvl.ptr(st))),
-                ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
                 ("bkt_ptr", KernelArg::Ptr(self.bkt.ptr(st))),
                 ("mark_ptr", KernelArg::Ptr(self.mark.ptr(st))),
                 ("CAPC", i32_arg("bucket capacity", self.capc)?),
-                ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
                 ("rows", i32_arg("rows", rows)?),
             ]);
             let iargs = self.arg_order.args(ix, &named, true)?;
@@ -1121,14 +1139,7 @@ impl GpuIndexer {
             return Ok(None);
         }
         let st = &self.stream;
-        let mut named = self.select_args(query, key, s, n_old)?;
-        named.extend([
-            ("hist_ptr", KernelArg::Ptr(self.hist.ptr(st))),
-            ("histn_ptr", KernelArg::Ptr(self.histn.ptr(st))),
-            ("lvl_ptr", KernelArg::Ptr(self.hist_lvl.ptr(st))),
-            ("lut_ptr", KernelArg::Ptr(self.hist_lut.ptr(st))),
-            ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
-        ]);
+        let mut named = self.hist_args(query, key, s, n_old, &self.hist, &self.histn)?;
         if !split {
             let args = self.arg_order.args(k, &named, false)?;
             // Bounds: new() sized hist (rows x HIST_COMBOS), histn (rows), the level bins
