@@ -274,13 +274,21 @@ def _row_sizes(S, init_offset, window, heavy, d_s, metric_ip):
 
 
 @triton.jit
-def _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP: tl.constexpr, DT: tl.constexpr):
-    """Move row ``r``'s combination histogram from the keys ``j < histn[r]`` it counts
-    to the candidates ``j < w0`` (atomics), and set ``histn[r] = w0``."""
+def _combos(codes_ptr, bg, M, bits, cap, jd, jm, MP: tl.constexpr):
+    """The code combination ``sum_m code_m << ((M - 1 - m) * bits)`` of KV head ``bg``'s
+    keys ``jd`` (i32 ``[DT]``, those with ``jm``; 0 elsewhere)."""
     mm = tl.arange(0, MP)
     mvalid = mm < M
     mrow = (bg * M + mm) * cap
     shift = tl.where(mvalid, (M - 1 - mm) * bits, 0)
+    cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
+    return tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
+
+
+@triton.jit
+def _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP: tl.constexpr, DT: tl.constexpr):
+    """Move row ``r``'s combination histogram from the keys ``j < histn[r]`` it counts
+    to the candidates ``j < w0`` (atomics), and set ``histn[r] = w0``."""
     hn = tl.load(histn_ptr + r)
     lo = tl.minimum(hn, w0)
     hi = tl.maximum(hn, w0)
@@ -288,8 +296,7 @@ def _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP: tl.c
     for j0 in range(lo, hi, DT):
         jd = j0 + tl.arange(0, DT)
         jm = jd < hi
-        cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
-        combo = tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
+        combo = _combos(codes_ptr, bg, M, bits, cap, jd, jm, MP)
         tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32) * sign, mask=jm, sem="relaxed")
     tl.store(histn_ptr + r, w0)
 

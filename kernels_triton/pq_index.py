@@ -40,8 +40,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kspec import Kernel, i32, i64, ptr, single
-from pq_hist import (DTYPES, FIXED as HIST_FIXED, _combo_scores, _head_lut, _quantize_cta, _red_add_max, _rounds,
-                     _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
+from pq_hist import (DTYPES, FIXED as HIST_FIXED, _combo_scores, _combos, _head_lut, _quantize_cta, _red_add_max,
+                     _rounds, _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
 
 
 @triton.jit
@@ -50,10 +50,6 @@ def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w
     """Move row ``r``'s histogram to the candidates ``j < w0`` and file each joining key in
     its combination's bucket (slot = the count before it joined); recount from zero when
     keys would leave (``w0 < histn[r]``: never in a decode loop)."""
-    mm = tl.arange(0, MP)
-    mvalid = mm < M
-    mrow = (bg * M + mm) * cap
-    shift = tl.where(mvalid, (M - 1 - mm) * bits, 0)
     hn = tl.load(histn_ptr + r)
     if hn > w0:
         tl.store(hist_row + tl.arange(0, NC), tl.zeros([NC], tl.int32))
@@ -62,8 +58,7 @@ def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w
     for j0 in range(hn, w0, DT):
         jd = j0 + tl.arange(0, DT)
         jm = jd < w0
-        cd = tl.load(codes_ptr + mrow[:, None] + jd[None, :], mask=mvalid[:, None] & jm[None, :], other=0)
-        combo = tl.sum(cd.to(tl.int32) << shift[:, None], axis=0)
+        combo = _combos(codes_ptr, bg, M, bits, cap, jd, jm, MP)
         slot = tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32), mask=jm, sem="relaxed")
         tl.store(bkt_row + combo.to(tl.int64) * CAPC + slot, jd, mask=jm & (slot < CAPC))
     tl.store(histn_ptr + r, w0)

@@ -248,15 +248,7 @@ pub fn run_gpu(
         "gpu:     {} ({}), select kernel {}",
         ex.device_name,
         rt.device().arch(),
-        if ex.index_path {
-            "pq_wfill + pq_index (histogram path, indexed)"
-        } else if ex.split_path {
-            "pq_thresh + pq_emit (histogram path, split)"
-        } else if ex.hist_path {
-            "pq_hist (histogram path)"
-        } else {
-            ex.select_variant.as_str()
-        }
+        ex.select_kernel()
     );
     anyhow::ensure!(
         ex.graph_matches,

@@ -1105,9 +1105,10 @@ impl GpuIndexer {
             // pq_hist for hist/histn (here ihist/ihistn, new(): rows x HIST_COMBOS, rows),
             // lvl, lut, codes and the outputs; ensure_buffers sized bkt for rows x
             // HIST_COMBOS x capc (the kernel stores slots < CAPC = capc only) and new()
-            // the marks for rows x TP (the kernel's constexpr, kept in Kernels::index). pq_index is a programmatic dependent of
-            // pq_wfill (its variant's launch_pdl) and waits for it before any weight.
-            // pq_wfill: one CTA per SM, so each leaves room for a pq_index CTA beside it
+            // the marks for rows x TP (the kernel's constexpr, kept in Kernels::index).
+            // pq_index is a programmatic dependent of pq_wfill (its variant's launch_pdl)
+            // and waits for it before any weight. pq_wfill: one CTA per SM, so each
+            // leaves room for a pq_index CTA beside it.
             let mut launches = Vec::with_capacity(2);
             if let Some(fill) = fill {
                 launches.push(Launch {
@@ -1644,6 +1645,22 @@ pub struct Execution {
     pub device_name: String,
 }
 
+impl Execution {
+    /// What selected the heavy keys, for reports: the histogram path's kernels, else the
+    /// select kernel's variant id.
+    pub fn select_kernel(&self) -> &str {
+        if self.index_path {
+            "pq_wfill + pq_index (histogram path, indexed)"
+        } else if self.split_path {
+            "pq_thresh + pq_emit (histogram path, split)"
+        } else if self.hist_path {
+            "pq_hist (histogram path)"
+        } else {
+            &self.select_variant
+        }
+    }
+}
+
 /// Upload `inputs`, run one step with plain launches (outputs poisoned first), download
 /// it, run the same step again as a captured CUDA graph and compare, then (when
 /// `timed_steps > 0`) time `timed_steps` steps of each mode after a warm-up, rewinding
@@ -1878,14 +1895,6 @@ pub fn bench_shape(
         launch_gpu: timed(ex.launch_gpu),
         graph_gpu: timed(ex.graph_gpu),
         floor_bytes: memory_floor_bytes(cfg, &inputs.shape, inputs.n_cached),
-        select_variant: if ex.index_path {
-            "pq_wfill + pq_index (histogram path, indexed)".to_string()
-        } else if ex.split_path {
-            "pq_thresh + pq_emit (histogram path, split)".to_string()
-        } else if ex.hist_path {
-            "pq_hist (histogram path)".to_string()
-        } else {
-            ex.select_variant
-        },
+        select_variant: ex.select_kernel().to_string(),
     })
 }
