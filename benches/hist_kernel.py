@@ -23,12 +23,13 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
+# TRITONRT_KERNELS_DIR: another copy of kernels_triton/ (an A/B run of two versions)
+sys.path.insert(0, os.environ.get("TRITONRT_KERNELS_DIR", os.path.join(HERE, "..", "kernels_triton")))
 
 import reference  # noqa: E402
 from compare_outputs import heavy_chosen  # noqa: E402
 from pq_hist import FIXED, pq_hist_kernel  # noqa: E402
-from pq_index import INDEX_FIXED, pq_index_kernel, pq_wfill_kernel  # noqa: E402
+from pq_index import INDEX_FIXED, INDEX_MAXNREG, pq_index_kernel, pq_wfill_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, THRESH_FIXED, pq_emit_kernel, pq_thresh_kernel  # noqa: E402
 
 SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset, small_int)
@@ -92,6 +93,7 @@ class Step:
         self.fill_warps = 4
         self.carved = False
         self.maxnreg = 0
+        self.cuts = INDEX_FIXED["CUTS"]
 
     def prepare(self, S):
         B, H = self.shape[0], self.shape[1]
@@ -138,8 +140,11 @@ class Step:
             if self.bkt is None:
                 self.bkt = torch.zeros(B * H, FIXED["NC"], self.capc, dtype=torch.int32, device="cuda")
                 self.mark = torch.zeros(B * H, self.tp, dtype=torch.int32, device="cuda")
+                self.ready = torch.zeros(B * H, dtype=torch.int32, device="cuda")
             extra = {}
-            if self.pdl:
+            if self.pdl in ("nofill", "companion"):  # nofill: timing only, no weights written (the check fails)
+                pass
+            elif self.pdl:
                 fk = pq_wfill_kernel[(self.fill_ctas, )](self.w, B * H, self.S, c["sink_size"], c["window_size"],
                                                         FT=2048, PDL=1, num_warps=self.fill_warps)
                 if not self.carved:  # as the runtime does: room for pq_index's shared memory beside it
@@ -151,10 +156,12 @@ class Step:
                 extra["maxnreg"] = self.maxnreg
             return pq_index_kernel[(B * H, 2)](
                 self.q, self.key, self.cent, self.phi, self.codes, self.ihist, self.ihistn, self.lvl, self.lut,
-                self.bkt, self.mark, self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M,
-                1 << bits, bits, D // M, self.S, self.n_old, self.cap, self.capc, c["sink_size"], c["window_size"],
-                c["heavy_size"], c["init_offset"], 0, MP=2, TILE=self.tile,
-                **dict(INDEX_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels, TP=self.tp, PDL=int(self.pdl)),
+                self.bkt, self.mark, self.ready, self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H,
+                H // H_kv, M, 1 << bits, bits, D // M, self.S, self.n_old, self.cap, self.capc, c["sink_size"],
+                c["window_size"], c["heavy_size"], c["init_offset"], 0, int(self.pdl == "companion"), MP=2,
+                TILE=self.tile,
+                **dict(INDEX_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels, TP=self.tp, CUTS=self.cuts,
+                         PDL=int(bool(self.pdl))),
                 num_warps=self.warps, num_stages=1, **extra)
         if self.split:
             ck = self.thresh()
@@ -280,26 +287,34 @@ def main():
     ap.add_argument("--twarps", default="8", help="split: pq_thresh's warps, comma-separated")
     ap.add_argument("--index", action="store_true", help="pq_index (one launch; tiles: its fallback emit's)")
     ap.add_argument("--pdl", action="store_true", help="index: pq_wfill, then pq_index as a PDL launch")
-    ap.add_argument("--maxnreg", type=int, default=0, help="index: register cap (0: none)")
+    ap.add_argument("--companion", action="store_true",
+                    help="index: one launch of the PDL variant (no PDL attribute), each row's companion CTA "
+                    "writing its weights")
+    ap.add_argument("--no-fill", action="store_true",
+                    help="index: PDL variant launched alone, no weights written (timing only: the check fails)")
+    ap.add_argument("--maxnreg", type=int, default=INDEX_MAXNREG, help="index: register cap (0: none)")
     ap.add_argument("--fill-ctas", type=int, default=132, help="index --pdl: pq_wfill's CTAs")
     ap.add_argument("--fill-warps", type=int, default=4, help="index --pdl: pq_wfill's warps")
+    ap.add_argument("--cuts", default=str(INDEX_FIXED["CUTS"]),
+                    help="index: eight-way cuts before the gather, comma-separated (0: the rounds' path only)")
     ap.add_argument("--tp", type=int, default=INDEX_FIXED["TP"], help="index: gathered keys per row at most")
     a = ap.parse_args()
     rows = []
     for name in a.shapes.split(","):
         for tile in map(int, a.tiles.split(",")):
-            combos = [(w, b, tw) for w in map(int, a.warps.split(",")) for b in map(int, a.nb.split(","))
-                      for tw in map(int, a.twarps.split(","))]
-            for warps, nb, tw in combos:
+            combos = [(w, b, tw, cu) for w in map(int, a.warps.split(",")) for b in map(int, a.nb.split(","))
+                      for tw in map(int, a.twarps.split(",")) for cu in map(int, a.cuts.split(","))]
+            for warps, nb, tw, cuts in combos:
                 st = Step(SHAPES[name], 1234, tile, warps, nb, a.split)
                 st.twarps = tw
                 st.index = a.index
                 st.tp = a.tp
-                st.pdl = a.pdl
+                st.pdl = "nofill" if a.no_fill else "companion" if a.companion else a.pdl
                 st.maxnreg = a.maxnreg
+                st.cuts = cuts
                 st.fill_ctas = a.fill_ctas
                 st.fill_warps = a.fill_warps
-                tag = f"{warps}/{nb}/t{tw}"
+                tag = f"{warps}/{nb}/t{tw}" + (f"/c{cuts}" if a.index else "")
                 try:
                     st.prepare(st.S)
                     torch.cuda.synchronize()

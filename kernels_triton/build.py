@@ -168,9 +168,11 @@ def compile_job(job):
         # a kernel built with the constexpr PDL=1 takes part in a programmatic dependent
         # launch (griddepcontrol): the runtime launches it with that attribute (metadata
         # launch_pdl)
-        ck = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1,
-                                     "launch_pdl": constexprs.get("PDL") == 1})
+        options = {"num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1,
+                   "launch_pdl": constexprs.get("PDL") == 1}
+        if k.maxnreg:
+            options["maxnreg"] = k.maxnreg
+        ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     dt = time.time() - t0
     md = ck.metadata._asdict()
     ptx = ck.asm["ptx"]

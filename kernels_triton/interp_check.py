@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU check of the histogram kernels under Triton's interpreter (no GPU, no torch):
 ``pq_hist_kernel``, the split pair (``pq_thresh_kernel`` + ``pq_emit_kernel``) and the
-indexed pair (``pq_wfill_kernel`` + ``pq_index_kernel``, PDL off), in turn on one state.
+indexed path (``pq_wfill_kernel`` + ``pq_index_kernel``, PDL off, or ``pq_index_kernel``
+alone with companion fill), in turn on one state.
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_check.py [--quick]
 
@@ -152,22 +153,27 @@ def run_split(st, S, n_old, cfg, tile, mp=2):
     return sl.a, ln.a, w.a
 
 
-def run_index(st, S, n_old, cfg, tile, mp=2):
+def run_index(st, S, n_old, cfg, tile, mp=2, fill=0):
     """pq_wfill_kernel then pq_index_kernel (its own histogram and buckets, PDL off: the
-    interpreter runs the launches in order) for the state ``st`` at S; returns
-    (sparse_list, sparse_len, weight_list) and checks that the marks are left zero."""
+    interpreter runs the launches in order), or with ``fill`` pq_index_kernel alone, each
+    row's companion CTA writing its weights (the interpreter runs CTA (r, 0) before (r, 1),
+    so the row's wait on its ready flag returns at once), for the state ``st`` at S;
+    returns (sparse_list, sparse_len, weight_list) and checks that the marks and ready
+    flags are left zero."""
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     rows = B * H
     sl, ln, w = poisoned_outputs(rows, S, cfg)
-    pq_wfill_kernel[(3, )](w, rows, S, cfg["sink"], cfg["window"], FT=INDEX_FIXED["FT"], PDL=0, num_warps=4)
+    if not fill:
+        pq_wfill_kernel[(3, )](w, rows, S, cfg["sink"], cfg["window"], FT=INDEX_FIXED["FT"], PDL=0, num_warps=4)
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
     pq_index_kernel[(rows, 2)](
         q, key, cent, st["phi"], st["codes"], st["ihist"], st["ihistn"], st["lvl"], st["lut"], st["bkt"], st["mark"],
-        sl, ln, w, H * D, D, H_kv * Sk * D, Sk * D, D,
+        st["ready"], sl, ln, w, H * D, D, H_kv * Sk * D, Sk * D, D,
         H, H // H_kv, M, 1 << bits, bits, D // M, S, n_old, st["cap"], st["capc"], cfg["sink"], cfg["window"],
-        cfg["heavy"], cfg["init_offset"], st["metric_ip"], MP=mp, TILE=tile, PDL=0, **INDEX_FIXED, num_warps=4)
+        cfg["heavy"], cfg["init_offset"], st["metric_ip"], fill, MP=mp, TILE=tile, PDL=0, **INDEX_FIXED, num_warps=4)
     assert not st["mark"].a.any(), "pq_index left its start marks non-zero"
+    assert not st["ready"].a.any(), "pq_index left a ready flag non-zero"
     return sl.a, ln.a, w.a
 
 
@@ -194,7 +200,7 @@ def make_state(rng, B, H, H_kv, D, M, bits, S_max, n_cached, small, metric_ip=Fa
     return dict(B=B, H=H, H_kv=H_kv, D=D, M=M, bits=bits, q=Arr(q), key=Arr(key), cent=Arr(cent), phi=Arr(phi),
                 ihist=Arr(np.zeros((rows, FIXED["NC"]), np.int32)), ihistn=Arr(np.zeros(rows, np.int32)),
                 bkt=Arr(np.full((rows, FIXED["NC"], capc), -1, np.int32)), capc=capc,
-                mark=Arr(np.zeros((rows, INDEX_FIXED["TP"]), np.int32)),
+                mark=Arr(np.zeros((rows, INDEX_FIXED["TP"]), np.int32)), ready=Arr(np.zeros(rows, np.int32)),
                 codes=Arr(codes), cap=cap, metric_ip=int(metric_ip),
                 hist=Arr(np.zeros((rows, FIXED["NC"]), np.int32)), histn=Arr(np.zeros(rows, np.int32)),
                 lvl=Arr(np.zeros((rows, FIXED["LEVELS"], FIXED["NB"]), np.int32)),
@@ -313,9 +319,13 @@ def main():
             # (M <= 2; its own histogram and buckets); the same persistent codes
             split = i % 3 == 1 and split_applies(S, cfg)
             index = i % 3 == 2 and M <= 2
-            run = run_split if split else run_index if index else run_step
-            out = run(st, S, n_old, cfg, tile, mp)
-            tag = " (split)" if split else " (indexed)" if index else ""
+            # indexed launches alternate: pq_wfill + pq_index, pq_index with companion fill
+            fill = indexed % 2
+            if index:
+                out = run_index(st, S, n_old, cfg, tile, mp, fill)
+            else:
+                out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
+            tag = " (split)" if split else f" (indexed{', companion fill' if fill else ''})" if index else ""
             check(st, S, n_old, cfg, out, f"{name} step {i} S={S}{tag}")
             splits += split
             indexed += index
@@ -339,11 +349,12 @@ def main():
         splits += split
         launches = len(plan) + 1
         if M <= 2:  # the indexed path after the reset too: buckets refilled from scratch
-            check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp), f"{name} after reset (indexed)")
+            check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, 1),
+                  f"{name} after reset (indexed, companion fill)")
             indexed += 1
             launches += 1
         print(f"  {name}: {launches} launches ok ({splits} split: pq_thresh + pq_emit, {indexed} indexed: "
-              "pq_wfill + pq_index)")
+              "pq_wfill + pq_index or pq_index with companion fill)")
     print("interp_check: ok")
     return 0
 

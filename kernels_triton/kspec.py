@@ -85,6 +85,7 @@ class Kernel:
     args: tuple  # tuple[Arg, ...] in declaration order, constexprs removed
     fixed: dict = field(default_factory=dict)  # constexprs fixed for every variant
     variants: dict = field(default_factory=dict)  # arch -> tuple[Variant, ...]
+    maxnreg: int = 0  # registers per thread at most (PTX .maxnreg) for every variant; 0: the compiler's choice
 
     def validate(self):
         """Check the declaration against the Triton function; raise ValueError if off."""

@@ -5,43 +5,53 @@
 code of the row again to find the keys above it. Here each row also keeps, per
 combination, the candidate keys that carry it (``bkt i32 [B*H, NC, CAPC]``, filled by
 the same atomics that move the histogram: the count an atomic returns is the key's
-slot), so after the threshold the row gathers the keys of the few combinations it
-takes (a few hundred entries), sorts them by position and writes them.
+slot), so the row gathers the keys of the few combinations near the top (a few hundred
+entries), picks the heavy ones among them and writes them.
 
-``pq_wfill_kernel`` (sm_90: PDL=1) writes ``weight_list``'s zeros and its sink and
-window ones over every SM and lets ``pq_index_kernel``, launched as its programmatic
-dependent, start at once; the row CTAs write their heavy ones after
-``griddepcontrol.wait``. On sm_80 (PDL=0) no ``pq_wfill`` runs: each row CTA writes its
-own row's weights first.
+Who writes ``weight_list``'s zeros and sink / window ones (``fill``, a runtime
+argument): with ``fill = 0``, ``pq_wfill_kernel`` (sm_90: PDL=1) over every SM, letting
+``pq_index_kernel``, launched as its programmatic dependent, start at once (the row CTAs
+write their heavy ones after ``griddepcontrol.wait``), or on sm_80 (PDL=0, no
+``pq_wfill``) each row CTA its own row first; with ``fill = 1`` (one launch, no PDL
+attribute) each row's companion CTA, which releases a ready flag the row CTA acquires
+before its heavy ones.
 
-``pq_index_kernel``, grid ``(B*H, 2)``: CTA ``(r, 1)`` quantizes the new keys as in
-``pq_hist``. CTA ``(r, 0)``:
+``pq_index_kernel``, grid ``(B*H, 2)``. The companion CTA (``(r, 1)``, or ``(r, 0)``
+with ``fill``: a lower block index than the row's, so it starts first): with ``fill``,
+row ``r``'s weights then ``ready[r] = 1``; then the new keys' codes as in ``pq_hist``.
+The row CTA:
 
-1. (PDL=0) writes row ``r``'s ``weight_list`` (1 in the sink and the window, else 0);
+1. (PDL=0 without ``fill``) writes row ``r``'s ``weight_list`` (1 in the sink and the
+   window, else 0);
 2. moves the combination histogram ``hist[r]`` from the keys ``j < histn[r]`` it counts
    to the candidates ``j < w0`` (keys only join: when ``w0 < histn[r]`` it recounts from
    zero), each joining key stored at ``bkt[r, combo, slot]`` where ``slot`` is the count
    its atomic returned (kept only while ``slot < CAPC``);
-3. the lookup table, the combination scores and the threshold as ``pq_hist``;
+3. the lookup table and the combination scores as ``pq_hist``, then up to CUTS
+   eight-way cuts of the score range (one reduction each) to a bound ``lo`` above which
+   at least ``need = min(k, w0)`` and at most ``TP`` candidate keys lie;
 4. when every heavy pick lies between sink and window (``init_offset >= sink'``, ``w0 >=
-   k``), no taken combination holds more than ``CAPC`` keys and the taken combinations
-   hold at most ``TP`` keys: gathers those keys (slots from one prefix sum over the
-   combinations, each slot's combination from a running max over start marks in
-   ``mark i32 [B*H, TP]``, left zero), sorts them by position, keeps the sure ones and
-   the first ``need`` maybe ones, writes them to ``sparse_list`` (with sink and window)
-   and their weights. Else the row runs ``pq_hist``'s emit (one pass over its codes).
+   k``) and no combination holds more than ``CAPC`` keys: gathers the keys scoring ``>=
+   lo`` (slots from one prefix sum over the combinations, each slot's combination from a
+   running max over start marks in ``mark i32 [B*H, TP]``, left zero), takes the
+   ``need`` best by (score descending, position ascending) with one sort, orders them by
+   position with a second, and writes them to ``sparse_list`` (with sink and window) and
+   their weights. Other rows find the threshold as ``pq_hist`` (level rounds) and gather
+   the taken combinations' keys when they fit (``_gather_emit``), else run ``pq_hist``'s
+   emit (one pass over their codes).
 
 Host preconditions as ``pq_hist`` (the step's new keys are not candidates: ``w0 <=
-n_old``); ``hist``, ``histn``, ``mark`` zero-filled once, ``hist`` and ``histn`` again
-after the codes are replaced or ``CAPC`` changes (``bkt`` needs no initial value).
+n_old``); ``hist``, ``histn``, ``mark``, ``ready`` zero-filled once, ``hist`` and
+``histn`` again after the codes are replaced or ``CAPC`` changes (``bkt`` needs no
+initial value).
 """
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kspec import Kernel, i32, i64, ptr, single
-from pq_hist import (DTYPES, FIXED as HIST_FIXED, _combo_scores, _combos, _head_lut, _quantize_cta, _red_add_max,
-                     _rounds, _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
+from pq_hist import (DTYPES, FIXED as HIST_FIXED, INTERPRETED, _combo_scores, _combos, _head_lut, _quantize_cta,
+                     _red_add_max, _rounds, _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
 
 
 @triton.jit
@@ -65,13 +75,121 @@ def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w
 
 
 @triton.jit
+def _min_max_max(a0, b0, c0, a1, b1, c1):
+    return tl.minimum(a0, a1), tl.maximum(b0, b1), tl.maximum(c0, c1)
+
+
+@triton.jit
+def _red_min_max_max(a, b, c):
+    """``(min(a), max(b), max(c))`` over axis 0 in one reduction."""
+    if INTERPRETED:
+        return tl.min(a, axis=0), tl.max(b, axis=0), tl.max(c, axis=0)
+    else:
+        return tl.reduce((a, b, c), 0, _min_max_max)
+
+
+@triton.jit
+def _add8(a0, b0, c0, d0, e0, f0, g0, h0, a1, b1, c1, d1, e1, f1, g1, h1):
+    return a0 + a1, b0 + b1, c0 + c1, d0 + d1, e0 + e1, f0 + f1, g0 + g1, h0 + h1
+
+
+@triton.jit
+def _keys_at(w, s, p0, p1, p2, p3, p4, p5, p6, p7):
+    """The keys scoring ``>= p_i`` for eight bounds (``w``: each combination's candidate
+    keys, 0 where out of play), in one reduction."""
+    a0 = tl.where(s >= p0, w, 0)
+    a1 = tl.where(s >= p1, w, 0)
+    a2 = tl.where(s >= p2, w, 0)
+    a3 = tl.where(s >= p3, w, 0)
+    a4 = tl.where(s >= p4, w, 0)
+    a5 = tl.where(s >= p5, w, 0)
+    a6 = tl.where(s >= p6, w, 0)
+    a7 = tl.where(s >= p7, w, 0)
+    if INTERPRETED:
+        return (tl.sum(a0, axis=0), tl.sum(a1, axis=0), tl.sum(a2, axis=0), tl.sum(a3, axis=0), tl.sum(a4, axis=0),
+                tl.sum(a5, axis=0), tl.sum(a6, axis=0), tl.sum(a7, axis=0))
+    else:
+        return tl.reduce((a0, a1, a2, a3, a4, a5, a6, a7), 0, _add8)
+
+
+@triton.jit
+def _pick(lo, tot, hi, need, p, n_p):
+    """One bound of a cut, highest last: ``(lo, tot, hi)`` moves up to ``p`` when at
+    least ``need`` keys score ``>= p`` (``n_p`` of them), else ``hi`` comes down to it."""
+    up = n_p >= need
+    return tl.where(up, p, lo), tl.where(up, n_p, tot), tl.where(up, hi, tl.minimum(hi, p))
+
+
+@triton.jit
+def _select_cut(cnt, s, w0, need, TP: tl.constexpr, CUTS: tl.constexpr):
+    """A score bound ``lo`` above which the candidates hold at least ``need`` and, where
+    it can be found, at most ``TP`` keys: up to CUTS eight-way cuts by comparison (one
+    reduction each, no atomics); the first cuts the top 1/2 .. 1/256 of the live score
+    range, each later one the interval between the last bound that holds ``need`` keys
+    and the first that does not into nine. Returns ``(lo, tot, big)``: ``tot`` keys
+    score ``>= lo`` (more than TP where the cuts could not separate them: ties), ``big``
+    the most keys any combination holds."""
+    alive = cnt > 0
+    w = tl.where(alive, cnt, 0)
+    slo, shi, big = _red_min_max_max(tl.where(alive, s, float("inf")), tl.where(alive, s, -float("inf")), w)
+    lo = slo
+    tot = w0
+    hi = shi
+    span = shi - slo
+    for cut in tl.static_range(CUTS):
+        if tot > TP:
+            if cut == 0:
+                p0 = shi - span * 0.5
+                p1 = shi - span * 0.25
+                p2 = shi - span * 0.125
+                p3 = shi - span * 0.0625
+                p4 = shi - span * 0.03125
+                p5 = shi - span * 0.015625
+                p6 = shi - span * 0.0078125
+                p7 = shi - span * 0.00390625
+            else:
+                d = (hi - lo) * (1.0 / 9.0)
+                p0 = lo + d
+                p1 = lo + d * 2.0
+                p2 = lo + d * 3.0
+                p3 = lo + d * 4.0
+                p4 = lo + d * 5.0
+                p5 = lo + d * 6.0
+                p6 = lo + d * 7.0
+                p7 = lo + d * 8.0
+            n0, n1, n2, n3, n4, n5, n6, n7 = _keys_at(w, s, p0, p1, p2, p3, p4, p5, p6, p7)
+            lo, tot, hi = _pick(lo, tot, hi, need, p0, n0)
+            lo, tot, hi = _pick(lo, tot, hi, need, p1, n1)
+            lo, tot, hi = _pick(lo, tot, hi, need, p2, n2)
+            lo, tot, hi = _pick(lo, tot, hi, need, p3, n3)
+            lo, tot, hi = _pick(lo, tot, hi, need, p4, n4)
+            lo, tot, hi = _pick(lo, tot, hi, need, p5, n5)
+            lo, tot, hi = _pick(lo, tot, hi, need, p6, n6)
+            lo, tot, hi = _pick(lo, tot, hi, need, p7, n7)
+    return lo, tot, big
+
+
+@triton.jit
+def _weights_ready(ready_ptr, r, fill, PDL: tl.constexpr):
+    """Wait until row ``r``'s zeros are written, before its heavy ones go over them: by
+    ``pq_wfill`` (PDL=1, launched as its primary: ``griddepcontrol.wait``) or by the row's
+    companion CTA (``fill``: it releases ``ready[r] = 1`` after them; acquired here)."""
+    if PDL:
+        gdc_wait()
+    if fill != 0:
+        seen = tl.atomic_add(ready_ptr + r, 0, sem="acquire", scope="gpu")
+        while seen == 0:
+            seen = tl.atomic_add(ready_ptr + r, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
 def _max_op(a, b):
     return tl.maximum(a, b)
 
 
 @triton.jit
 def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, lut_row, sl_row, w_row, M, K, bits, k,
-                 s_sink, init_offset, CAPC, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
+                 s_sink, init_offset, CAPC, ready_ptr, r, fill, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
     """Step 4's gather (see the module docstring) where ``common``; returns whether it ran
     (not when the taken combinations do not fit: a bucket over CAPC, more than TP keys)."""
     cc = tl.arange(0, NC)
@@ -103,11 +221,47 @@ def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, lut_r
         rank = tl.cumsum(kk, axis=0) - kk
         pos = (key >> 1) + init_offset
         tl.store(sl_row + s_sink + rank, pos.to(tl.int64), mask=kk != 0)
-        if PDL:
-            gdc_wait()  # pq_wfill's zeros are written: the ones go over them
+        _weights_ready(ready_ptr, r, fill, PDL)
         tl.store(w_row + pos, tl.full([TP], 1.0, tl.float32).to(w_row.dtype.element_ty), mask=kk != 0)
         tl.store(mark_row + t, tl.zeros([TP], tl.int32))
     return fits
+
+
+@triton.jit
+def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, lut_row, sl_row, w_row, M, K, bits, s_sink, init_offset,
+                   CAPC, ready_ptr, r, fill, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
+    """The heavy keys when the candidates scoring ``>= lo`` are ``tot`` (``need <= tot <=
+    TP``) and no bucket overflowed: gathers them all (slots from one prefix sum over the
+    combinations, each slot's combination from a running max over start marks in
+    ``mark_row``, left zero), takes the ``need`` best by (score descending, position
+    ascending) with one sort, orders those by position with a second and writes them to
+    ``sparse_list[s_sink ..]`` and their weights."""
+    cc = tl.arange(0, NC)
+    selc = tl.where((s >= lo) & (cnt > 0), cnt, 0)
+    off = tl.cumsum(selc, axis=0) - selc
+    # start marks: slot off[c] holds (off[c] * NC + c) + 1 for each taken combination
+    tl.store(mark_row + off, off * NC + cc + 1, mask=selc > 0)
+    tl.debug_barrier()
+    t = tl.arange(0, TP)
+    mk = tl.load(mark_row + t, cache_modifier=".cg")
+    pk = tl.associative_scan(mk, 0, _max_op) - 1
+    c = pk % NC
+    valid = t < tot
+    jj = tl.load(bkt_row + c.to(tl.int64) * CAPC + (t - pk // NC), mask=valid, other=0)
+    # the slot's score, added as _combo_scores adds it
+    sc = tl.zeros([TP], tl.float32)
+    for m in range(M):
+        sc += tl.load(lut_row + m * K + ((c >> ((M - 1 - m) * bits)) & (K - 1)))
+    # (score descending, position ascending) as one i64: the negated score's bits made
+    # to order as signed integers (0 - sc: no -0.0), the position below
+    nb = (0.0 - sc).to(tl.int32, bitcast=True)
+    nb = nb ^ ((nb >> 31) & 0x7FFFFFFF)
+    best = tl.sort(tl.where(valid, (nb.to(tl.int64) << 32) | jj.to(tl.int64), 0x7FFFFFFFFFFFFFFF))
+    pos = tl.sort(tl.where(t < need, (best & 0xFFFFFFFF).to(tl.int32), 0x7FFFFFFF)) + init_offset
+    tl.store(sl_row + s_sink + t, pos.to(tl.int64), mask=t < need)
+    _weights_ready(ready_ptr, r, fill, PDL)
+    tl.store(w_row + pos, tl.full([TP], 1.0, tl.float32).to(w_row.dtype.element_ty), mask=t < need)
+    tl.store(mark_row + t, tl.zeros([TP], tl.int32))
 
 
 @triton.jit
@@ -155,13 +309,13 @@ def pq_wfill_kernel(w_ptr, rows, S, sink, window, FT: tl.constexpr, PDL: tl.cons
 
 @triton.jit
 def pq_index_kernel(
-    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_ptr,
-    len_ptr, w_ptr,  #
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, ready_ptr,
+    sl_ptr, len_ptr, w_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
-    H, G, M, K, bits, d_s, S, n_old, cap, CAPC, sink, window, heavy, init_offset, metric_ip,  #
+    H, G, M, K, bits, d_s, S, n_old, cap, CAPC, sink, window, heavy, init_offset, metric_ip, fill,  #
     MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr, TILE: tl.constexpr,
     DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, TP: tl.constexpr, FT: tl.constexpr,
-    PDL: tl.constexpr = 0, TIMER: tl.constexpr = 0,
+    CUTS: tl.constexpr, PDL: tl.constexpr = 0, TIMER: tl.constexpr = 0,
 ):
     """See the module docstring."""
     r = tl.program_id(0)
@@ -170,14 +324,20 @@ def pq_index_kernel(
     s_sink = tl.minimum(sink, S)
     s_win = tl.minimum(window, S)
     ws = S - s_win
-    if tl.program_id(1) == 1:
+    w_row = w_ptr + r64 * S
+    if tl.program_id(1) == 1 - fill:
+        # the row's companion: (fill) its weights, then the KV group's new keys
+        if fill != 0:
+            _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
+            tl.debug_barrier()  # every thread's zeros before the release
+            tl.atomic_xchg(ready_ptr + r, 1, sem="release", scope="gpu")
         _quantize_cta(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, h, g, bg, G, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old, n,
                       cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
     else:
         t0 = _stamp(TIMER)
-        w_row = w_ptr + r64 * S
         if not PDL:
-            _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
+            if fill == 0:
+                _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
         # 2-3. histogram and buckets, lookup table, threshold
         hist_row = hist_ptr + r64 * NC
         bkt_row = bkt_ptr + r64 * NC * CAPC
@@ -189,13 +349,22 @@ def pq_index_kernel(
         t2 = _stamp(TIMER)
         cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
         t3 = _stamp(TIMER)
-        t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
-        t4 = _stamp(TIMER)
         total = s_sink + k + s_win
         sl_row = sl_ptr + r64 * total
-        done = _gather_emit((init_offset >= s_sink) & (w0 >= k), cnt, s, t_sure, t_maybe, need, bkt_row,
-                            mark_ptr + r64 * TP, lut_row, sl_row, w_row, M, K, bits, k, s_sink, init_offset, CAPC, NC,
-                            TP, PDL)
+        common = (init_offset >= s_sink) & (w0 >= k)
+        need = tl.minimum(k, w0)
+        lo, tot, big = _select_cut(cnt, s, w0, need, TP, CUTS)
+        t4 = _stamp(TIMER)
+        if common & (tot <= TP) & (big <= CAPC):
+            _gather_select(cnt, s, lo, tot, need, bkt_row, mark_ptr + r64 * TP, lut_row, sl_row, w_row, M, K, bits,
+                           s_sink, init_offset, CAPC, ready_ptr, r, fill, NC, TP, PDL)
+            done = tot <= TP
+            t_sure = lo  # unused: the pass over the codes below runs only in the other branch
+            t_maybe = lo
+        else:
+            t_sure, t_maybe, need = _rounds(cnt, s, need, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+            done = _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_ptr + r64 * TP, lut_row, sl_row,
+                                w_row, M, K, bits, k, s_sink, init_offset, CAPC, ready_ptr, r, fill, NC, TP, PDL)
         if done:
             q = tl.arange(0, FT)
             tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
@@ -204,11 +373,12 @@ def pq_index_kernel(
                 tl.store(sl_row + s_sink + k + p, (ws + p).to(tl.int64), mask=p < s_win)
         else:
             # pq_hist's emit: one pass over the row's codes
-            if PDL:
-                gdc_wait()
+            _weights_ready(ready_ptr, r, fill, PDL)
             _row_pass(codes_ptr + bg * M * cap, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset,
                       t_sure, t_maybe, need, MP, TILE)
         tl.store(len_ptr + r64, total.to(tl.int64))
+        if fill != 0:
+            tl.store(ready_ptr + r, 0)  # acquired above: left zero for the next launch
         t5 = _stamp(TIMER)
         if TIMER:
             _store_stamps(lut_ptr, r64, M, K, t0, t1, t2, t3, t4, t5)
@@ -218,19 +388,19 @@ def pq_index_kernel(
 # declarations for the build
 
 INDEX_FIXED = dict({k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS", "TIMER")},
-                   TP=256, FT=2048)
+                   TP=256, FT=2048, CUTS=3)
 
 
 def _args(t):
     return (
         ptr("q_ptr", t, False), ptr("k_ptr", t, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
         ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
-        ptr("lut_ptr", "fp32"), ptr("bkt_ptr", "i32"), ptr("mark_ptr", "i32"), ptr("sl_ptr", "i64"),
-        ptr("len_ptr", "i64"), ptr("w_ptr", t),
+        ptr("lut_ptr", "fp32"), ptr("bkt_ptr", "i32"), ptr("mark_ptr", "i32"), ptr("ready_ptr", "i32"),
+        ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"), ptr("w_ptr", t),
         i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
         i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("S"), i32("n_old"),
         i32("cap", div16=True), i32("CAPC"), i32("sink"), i32("window"), i32("heavy"), i32("init_offset"),
-        i32("metric_ip"),
+        i32("metric_ip"), i32("fill"),
     )
 
 
@@ -240,11 +410,16 @@ def _args(t):
 # registers, so a pq_wfill CTA fits beside it) against w16 / TILE 2048. sm_80 has no
 # programmatic dependent launch: there PDL=0, each row CTA writes its own weights first
 # and the runtime launches no pq_wfill.
+#: registers per thread at most: a pq_index CTA (8 warps) and a pq_wfill CTA (4 warps x
+#: 56 registers) share an SM's 65536 only at <= 224 (unbounded, the build chose 246 and
+#: the large workload's step went from 46-47 to 51-52 us: NOTES.md, session 12)
+INDEX_MAXNREG = 224
 KERNELS = []
 for _t in DTYPES:
     KERNELS.append(
         Kernel(name=f"pq_index.m2.q_{_t}.w_{_t}", fn=pq_index_kernel, args=_args(_t), fixed=dict(INDEX_FIXED, MP=2),
-               variants={80: single({"TILE": 4096, "PDL": 0}, 8, 1), 90: single({"TILE": 4096, "PDL": 1}, 8, 1)}))
+               variants={80: single({"TILE": 4096, "PDL": 0}, 8, 1), 90: single({"TILE": 4096, "PDL": 1}, 8, 1)},
+               maxnreg=INDEX_MAXNREG))
     KERNELS.append(
         Kernel(name=f"pq_wfill.w_{_t}", fn=pq_wfill_kernel,
                args=(ptr("w_ptr", _t), i32("rows"), i32("S"), i32("sink"), i32("window")),

@@ -479,6 +479,27 @@ impl Kernel {
         })
     }
 
+    /// A second handle on the same loaded function that is launched without
+    /// programmatic stream serialization, whatever the variant's `launch_pdl`: for a
+    /// kernel built for programmatic dependent launch (it waits with
+    /// `griddepcontrol.wait` before what depends on its primary) issued where no
+    /// primary precedes it; there the wait returns at once. The module stays loaded
+    /// while either handle lives; scratch buffers are the handle's own.
+    pub fn without_pdl(&self) -> Kernel {
+        let mut variant = self.variant.clone();
+        variant.launch_pdl = false;
+        Kernel {
+            variant,
+            device: self.device.clone(),
+            module: self.module.clone(),
+            func: self.func,
+            load: self.load,
+            num_regs: self.num_regs,
+            local_bytes: self.local_bytes,
+            scratch: Mutex::new(Vec::new()),
+        }
+    }
+
     /// The manifest metadata of this kernel.
     pub fn variant(&self) -> &Variant {
         &self.variant

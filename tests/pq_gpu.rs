@@ -239,6 +239,7 @@ fn gpu_pipeline_matches_cpu_reference() {
     let seed = seed();
     let mut failures = Vec::new();
     let (mut runs, mut hist_runs, mut split_runs, mut index_runs) = (0, 0, 0, 0);
+    let mut companion_runs = 0;
     let cases = cases();
     for (i, case) in cases.iter().enumerate() {
         let n_cached = case
@@ -255,7 +256,8 @@ fn gpu_pipeline_matches_cpu_reference() {
             SelectPath::Chunked,
             SelectPath::Hist,
             SelectPath::Split,
-            SelectPath::Index,
+            SelectPath::IndexWfill,
+            SelectPath::IndexCompanion,
         ] {
             let t = std::time::Instant::now();
             let ex = match execute_with_path(&rt, &case.cfg, &inputs, None, path, 0, false) {
@@ -268,14 +270,23 @@ fn gpu_pipeline_matches_cpu_reference() {
             };
             if (path == SelectPath::Hist && !ex.hist_path)
                 || (path == SelectPath::Split && !ex.split_path)
-                || (path == SelectPath::Index && !ex.index_path)
+                || (matches!(path, SelectPath::IndexWfill | SelectPath::IndexCompanion)
+                    && !ex.index_path)
             {
                 continue; // that path does not apply: the same run as an earlier one
+            }
+            if ex.index_path && ex.index_companion != (path == SelectPath::IndexCompanion) {
+                eprintln!(
+                    "FAIL {:2} {} ({path:?}): companion fill {} against the path asked for",
+                    i, case.name, ex.index_companion
+                );
+                failures.push(case.name);
             }
             runs += 1;
             hist_runs += usize::from(ex.hist_path && !ex.split_path && !ex.index_path);
             split_runs += usize::from(ex.split_path);
             index_runs += usize::from(ex.index_path);
+            companion_runs += usize::from(ex.index_companion);
             let gpu_ms = t.elapsed().as_secs_f64() * 1e3;
             let report = if case.exact {
                 check_exact(&case.cfg, &inputs, &ex.output)
@@ -288,7 +299,9 @@ fn gpu_pipeline_matches_cpu_reference() {
                 if ok { "ok  " } else { "FAIL" },
                 i,
                 case.name,
-                if ex.index_path {
+                if ex.index_companion {
+                    "index+c"
+                } else if ex.index_path {
                     "index"
                 } else if ex.split_path {
                     "split"
@@ -316,7 +329,7 @@ fn gpu_pipeline_matches_cpu_reference() {
         }
     }
     eprintln!(
-        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases, {runs} runs, {hist_runs} on pq_hist, {split_runs} split, {index_runs} indexed)",
+        "{} passed, {} failed (GPU pipeline vs CPU reference, {} cases, {runs} runs, {hist_runs} on pq_hist, {split_runs} split, {index_runs} indexed, {companion_runs} of them with companion fill)",
         runs - failures.len(),
         failures.len(),
         cases.len()
@@ -331,8 +344,12 @@ fn gpu_pipeline_matches_cpu_reference() {
         "only {split_runs} cases ran the split histogram path (expected every pq_hist case whose heavy picks lie between sink and window)"
     );
     assert!(
-        index_runs >= 4,
-        "only {index_runs} cases ran the indexed histogram path (expected every pq_hist case with M <= 2 and one dtype)"
+        index_runs >= 8,
+        "only {index_runs} runs took the indexed histogram path (expected two for every pq_hist case with M <= 2 and one dtype)"
+    );
+    assert!(
+        2 * companion_runs == index_runs,
+        "{companion_runs} of {index_runs} indexed runs had companion fill (expected half)"
     );
 }
 
@@ -464,8 +481,20 @@ fn gpu_hist_path_decode_loop_and_reimport() {
 #[test]
 fn gpu_index_path_decode_loop_and_reimport() {
     // the indexed path's buckets fill as keys join the candidates, one per step; the
-    // re-import must empty them (counted anew), not reuse them
-    hist_loop_and_reimport(SelectPath::Index, "indexed", |i| i.hist && i.index);
+    // re-import must empty them (counted anew), not reuse them. 16 rows of ~9000 keys:
+    // Index takes the companion fill (one launch)
+    hist_loop_and_reimport(SelectPath::Index, "indexed", |i| {
+        i.hist && i.index && i.companion && i.launches == 1
+    });
+}
+
+#[test]
+fn gpu_index_wfill_decode_loop_and_reimport() {
+    // the same with the weights written by pq_wfill (sm_90: pq_index its programmatic
+    // dependent; sm_80: by each row CTA, one launch)
+    hist_loop_and_reimport(SelectPath::IndexWfill, "indexed (pq_wfill)", |i| {
+        i.hist && i.index && !i.companion
+    });
 }
 
 /// A decode loop on a histogram path (`ran` tells whether a step ran it): each step

@@ -25,12 +25,14 @@
 //!   threshold as `pq_hist` does and writes its class bounds, then
 //!   `pq_emit.m<MP>.w_<wt>` spreads each row's pass over `cdiv(n, TILE)` CTAs that
 //!   exchange their counts through per-part flag words (`kernels_triton/pq_split.py`);
-//! - or the indexed histogram path (`M <= 2`, query dtype = weight dtype): `pq_wfill.w_<wt>`
-//!   writes `weight_list`'s zeros and sink/window ones over every SM while
-//!   `pq_index.m2.q_<t>.w_<t>` (a programmatic dependent launch beside it) finds each
-//!   row's threshold as `pq_hist` does and gathers the taken keys from per-combination
-//!   buckets of key positions (`i32 [B*H, 4096, CAPC]`, filled as keys join the
-//!   candidates), so no step reads the row's codes again (`kernels_triton/pq_index.py`).
+//! - or the indexed histogram path (`M <= 2`, query dtype = weight dtype):
+//!   `pq_index.m2.q_<t>.w_<t>` finds each row's threshold as `pq_hist` does and gathers
+//!   the taken keys from per-combination buckets of key positions (`i32 [B*H, 4096,
+//!   CAPC]`, filled as keys join the candidates), so no step reads the row's codes again
+//!   (`kernels_triton/pq_index.py`); `weight_list`'s zeros and sink/window ones come
+//!   either from each row's companion CTA in the same launch (few rows of few keys: the
+//!   step is one launch) or from `pq_wfill.w_<wt>` over every SM, `pq_index` being its
+//!   programmatic dependent launch (sm_90; on sm_80 each row CTA writes its own).
 //!
 //! The steady-state step allocates nothing, copies nothing between host and device and
 //! never synchronizes. [`LaunchMode::Graph`] captures the step once into a CUDA graph per
@@ -69,8 +71,8 @@ const HIST_LEVEL_BINS: usize = 3 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: the indexed path
-    /// (`pq_wfill` + `pq_index`) wherever it is built (NOTES.md, session 11: large
-    /// workload 46.1 us, reference 24.2-25.2); else split (`pq_thresh` and
+    /// (`pq_index`, its weights written as [`SelectPath::Index`] chooses) wherever it is
+    /// built (NOTES.md, session 12: large workload 44.1 us, reference 20.7); else split (`pq_thresh` and
     /// `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
     /// `pq_hist` for at least 64 rows and 32768 keys; else `pq_select`. Measured on the
     /// H100 (NOTES.md, sessions 3 and 5-8): one `pq_hist` CTA per row leaves most SMs
@@ -89,11 +91,31 @@ pub enum SelectPath {
     /// `init_offset >= min(sink, S)`, `S - min(window, S) - init_offset >= k`); else as
     /// [`SelectPath::Hist`].
     Split,
-    /// `pq_wfill` + `pq_index` wherever they are built and the histogram path applies
-    /// (as [`SelectPath::Hist`], `M <= 2`, query dtype = weight dtype, `B*H*S < 2^31`);
-    /// else as [`SelectPath::Split`].
+    /// `pq_index` wherever it is built and the histogram path applies (as
+    /// [`SelectPath::Hist`], `M <= 2`, query dtype = weight dtype, `B*H*S < 2^31`); else
+    /// as [`SelectPath::Split`]. Its weights come from each row's companion CTA
+    /// ([`SelectPath::IndexCompanion`]) when every CTA of the launch has an SM of its own
+    /// (`2 B*H <=` SMs) and a row's weights are at most [`COMPANION_FILL_MAX_BYTES`] (or
+    /// no `pq_wfill` is built: sm_80), else as [`SelectPath::IndexWfill`].
     Index,
+    /// [`SelectPath::Index`] with `weight_list` written by each row's companion CTA in
+    /// the same launch (grid `(B*H, 2)`: CTA `(r, 0)` writes row `r`'s zeros and sink /
+    /// window ones, releases a ready flag, then quantizes; the row CTA `(r, 1)` acquires
+    /// the flag before its heavy ones). One launch, no programmatic dependency. A row
+    /// CTA waits only for a CTA of a lower block index, which the GPU starts first.
+    IndexCompanion,
+    /// [`SelectPath::Index`] with `weight_list` written by `pq_wfill` over every SM,
+    /// `pq_index` its programmatic dependent launch (sm_90); where no `pq_wfill` is built
+    /// (sm_80) each row CTA writes its own row first.
+    IndexWfill,
 }
+
+/// The most bytes of `weight_list` per row for which [`SelectPath::Index`] lets each
+/// row's companion CTA write them (one CTA writes ~30 GB/s, ~4.3 us for 128 KB, within the
+/// row CTA's ~10 us; measured on the H100, NOTES.md, session 12: reference workload
+/// (128 000 bytes per row) 12.0 us GPU per step against 13.6 with `pq_wfill`; S = 65536
+/// (256 KiB) 15.9 us, the row waiting for its weights).
+pub const COMPANION_FILL_MAX_BYTES: usize = 128 * 1024;
 
 /// How a step is issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,8 +179,11 @@ pub struct StepInfo {
     pub hist: bool,
     /// Whether it ran split: `pq_thresh` + `pq_emit`.
     pub split: bool,
-    /// Whether it ran indexed: `pq_wfill` + `pq_index`.
+    /// Whether it ran indexed: `pq_index` (after `pq_wfill`, or alone).
     pub index: bool,
+    /// Whether the indexed step was one launch, each row's companion CTA writing its
+    /// weights (see [`SelectPath::IndexCompanion`]).
+    pub companion: bool,
 }
 
 /// A growable device buffer of `T` (grows only, never shrinks; contents are not kept).
@@ -191,6 +216,20 @@ impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> DevBuf<T> 
     }
 }
 
+/// The indexed histogram path's kernels.
+struct IndexKernels {
+    /// `pq_index.m2.q_<t>.w_<t>` as built (sm_90: a programmatic dependent launch).
+    index: Arc<Kernel>,
+    /// The same function launched without a programmatic dependency (the companion-fill
+    /// step, where no primary precedes it).
+    alone: Arc<Kernel>,
+    /// `pq_wfill.w_<t>`; none where the pq_index variant has `PDL=0` (sm_80: its row
+    /// CTAs write their weights themselves unless their companions do).
+    wfill: Option<Arc<Kernel>>,
+    /// pq_index's `TP` (gathered keys per row at most).
+    tp: usize,
+}
+
 /// The kernels of one indexer configuration.
 struct Kernels {
     select: Arc<Kernel>,
@@ -199,11 +238,9 @@ struct Kernels {
     /// `pq_thresh.m<MP>.q_<qt>` and `pq_emit.m<MP>.w_<wt>` (the split histogram path),
     /// with the emit variant's `TILE` (positions per CTA); where `hist` is.
     split: Option<(Arc<Kernel>, Arc<Kernel>, usize)>,
-    /// `pq_index.m2.q_<t>.w_<t>` and `pq_wfill.w_<t>` (the indexed histogram path), with
-    /// pq_index's `TP` (gathered keys per row at most); where built (`M <= 2`, `K^M <=
-    /// 4096`, query dtype = weight dtype). No `pq_wfill` where the pq_index variant has
-    /// `PDL=0` (sm_80: its row CTAs write their weights themselves).
-    index: Option<(Arc<Kernel>, Option<Arc<Kernel>>, usize)>,
+    /// The indexed histogram path, where built (`M <= 2`, `K^M <= 4096`, query dtype =
+    /// weight dtype).
+    index: Option<IndexKernels>,
     short: Arc<Kernel>,
     quantize: Arc<Kernel>,
     import: Arc<Kernel>,
@@ -279,7 +316,8 @@ pub struct GpuIndexer {
     /// keys `j < ihistn[r]` (`ihistn i32 [B*H]`), the buckets `i32 [B*H, HIST_COMBOS,
     /// capc]` (key positions per combination, slot = count when the key joined; a
     /// combination's keys past `capc` are not kept and its rows fall back to a pass over
-    /// the codes), the gather's start marks `i32 [B*H, TP]` (kept zero by the kernel).
+    /// the codes), the gather's start marks `i32 [B*H, TP]` and the rows' weights-ready
+    /// flags `i32 [B*H]` (companion fill; both kept zero by the kernel).
     /// Counts zero-filled at creation, on import and when `capc` changes. The buckets
     /// take `B*H x 4096 x capc x 4` bytes, `capc = 2 cdiv(cap, 4096) + 16` (large
     /// workload: 128 rows, cap 130944: 168 MB), allocated only when the path is chosen.
@@ -287,6 +325,7 @@ pub struct GpuIndexer {
     ihistn: DevBuf<i32>,
     bkt: DevBuf<i32>,
     mark: DevBuf<i32>,
+    ready: DevBuf<i32>,
     capc: usize,
     path: SelectPath,
     stage: DevBuf<i64>,
@@ -457,12 +496,17 @@ impl GpuIndexer {
             ) {
                 (Ok(ix), Ok(fill)) => {
                     let tp = constexpr_usize(&ix, "TP")?;
-                    let fill = (constexpr_usize(&ix, "PDL")? == 1).then_some(fill);
-                    if let Some(f) = &fill {
+                    let wfill = (constexpr_usize(&ix, "PDL")? == 1).then_some(fill);
+                    if let Some(f) = &wfill {
                         // pq_index (32 KB of shared memory per CTA) must fit beside it
                         f.prefer_shared_carveout()?;
                     }
-                    Some((ix, fill, tp))
+                    Some(IndexKernels {
+                        alone: Arc::new(ix.without_pdl()),
+                        index: ix,
+                        wfill,
+                        tp,
+                    })
                 }
                 _ => None,
             }
@@ -529,6 +573,7 @@ impl GpuIndexer {
             ihistn: DevBuf::new(),
             bkt: DevBuf::new(),
             mark: DevBuf::new(),
+            ready: DevBuf::new(),
             capc: 0,
             path: SelectPath::default(),
             stage: DevBuf::new(),
@@ -554,10 +599,13 @@ impl GpuIndexer {
             me.split_need.ensure(&me.stream, rows)?;
             me.split_ctr.ensure(&me.stream, 1)?;
         }
-        if let Some((_, _, tp)) = me.kernels.index {
+        if let Some(ik) = &me.kernels.index {
+            let tp = ik.tp;
             me.ihist.ensure(&me.stream, rows * HIST_COMBOS)?;
             me.ihistn.ensure(&me.stream, rows)?;
             me.mark.ensure(&me.stream, rows * tp)?;
+            // zero-filled: no row's weights are ready
+            me.ready.ensure(&me.stream, rows)?;
         }
         Ok(me)
     }
@@ -600,9 +648,9 @@ impl GpuIndexer {
         if let Some((t, e, _)) = &k.split {
             v.extend([t.clone(), e.clone()]);
         }
-        if let Some((ix, fill, _)) = &k.index {
-            v.extend(fill.clone());
-            v.push(ix.clone());
+        if let Some(ik) = &k.index {
+            v.extend(ik.wfill.clone());
+            v.push(ik.index.clone());
         }
         v
     }
@@ -892,6 +940,7 @@ impl GpuIndexer {
                 hist: false,
                 split: false,
                 index: false,
+                companion: false,
             };
             return Ok((info, vec![launch]));
         }
@@ -900,7 +949,7 @@ impl GpuIndexer {
         let d_s = self.cfg.d_sub(d);
         let n = self.cfg.n_quantized(s);
         let metric_ip = i32::from(self.cfg.metric == Metric::Ip);
-        if let Some((launches, index)) = self.plan_hist(query, key, s, n_old)? {
+        if let Some((launches, index, companion)) = self.plan_hist(query, key, s, n_old)? {
             let info = StepInfo {
                 s,
                 total: self.cfg.total(s),
@@ -910,6 +959,7 @@ impl GpuIndexer {
                 hist: true,
                 split: launches.len() == 2 && !index,
                 index,
+                companion,
             };
             return Ok((info, launches));
         }
@@ -976,6 +1026,7 @@ impl GpuIndexer {
             hist: false,
             split: false,
             index: false,
+            companion: false,
         };
         Ok((info, launches))
     }
@@ -1054,12 +1105,34 @@ impl GpuIndexer {
     /// split; reference 24.2-24.7 against 25.4-25.6 split; S = 8192: 24.5 us in the JIT
     /// harness against 31.6 for pq_select's default variant).
     fn index_wanted(&self) -> bool {
-        matches!(self.path, SelectPath::Index | SelectPath::Auto)
+        matches!(
+            self.path,
+            SelectPath::Index
+                | SelectPath::IndexCompanion
+                | SelectPath::IndexWfill
+                | SelectPath::Auto
+        )
+    }
+
+    /// Whether an indexed step at `s` has each row's companion CTA write its weights
+    /// (one launch; see [`SelectPath::Index`] for when Auto and Index choose it).
+    fn companion_fill(&self, ik: &IndexKernels, s: usize) -> bool {
+        match self.path {
+            SelectPath::IndexCompanion => true,
+            SelectPath::IndexWfill => false,
+            _ => {
+                let rows = self.shape.b * self.shape.h;
+                let row_bytes = s * self.cfg.weight_dtype.size_bytes();
+                2 * rows <= self.rt.device().sm_count() as usize
+                    && (ik.wfill.is_none() || row_bytes <= COMPANION_FILL_MAX_BYTES)
+            }
+        }
     }
 
     /// The histogram path's launches for a (non-short) step at `s` with `N_cached =
-    /// n_old`: `pq_hist` alone, `pq_thresh` + `pq_emit` (split), or `pq_wfill` +
-    /// `pq_index` (indexed: the flag is true); None where the path does not apply or
+    /// n_old`: `pq_hist` alone, `pq_thresh` + `pq_emit` (split), or `pq_index` after
+    /// `pq_wfill` or alone (indexed: the first flag is true; the second whether the
+    /// rows' companion CTAs write the weights); None where the path does not apply or
     /// [`SelectPath`] declines it.
     fn plan_hist(
         &self,
@@ -1067,7 +1140,7 @@ impl GpuIndexer {
         key: &DeviceTensorRef,
         s: usize,
         n_old: usize,
-    ) -> Result<Option<(Vec<Launch>, bool)>> {
+    ) -> Result<Option<(Vec<Launch>, bool, bool)>> {
         let (Some(k), Some((thresh, emit, tile))) = (&self.kernels.hist, &self.kernels.split)
         else {
             return Ok(None);
@@ -1090,27 +1163,35 @@ impl GpuIndexer {
             }
             _ => None,
         };
-        if let Some((ix, fill, _)) = index {
+        if let Some(ik) = index {
             let st = &self.stream;
+            let companion = self.companion_fill(ik, s);
             let mut named = self.hist_args(query, key, s, n_old, &self.ihist, &self.ihistn)?;
             named.extend([
                 ("bkt_ptr", KernelArg::Ptr(self.bkt.ptr(st))),
                 ("mark_ptr", KernelArg::Ptr(self.mark.ptr(st))),
+                ("ready_ptr", KernelArg::Ptr(self.ready.ptr(st))),
                 ("CAPC", i32_arg("bucket capacity", self.capc)?),
                 ("rows", i32_arg("rows", rows)?),
+                ("fill", KernelArg::I32(i32::from(companion))),
             ]);
+            let ix = if companion { &ik.alone } else { &ik.index };
             let iargs = self.arg_order.args(ix, &named, true)?;
             // Bounds: pq_wfill writes weight elements 0 .. rows x s (ensure_buffers sized
             // weight for that; rows x s < 2^31 checked above), any grid size. pq_index as
             // pq_hist for hist/histn (here ihist/ihistn, new(): rows x HIST_COMBOS, rows),
             // lvl, lut, codes and the outputs; ensure_buffers sized bkt for rows x
             // HIST_COMBOS x capc (the kernel stores slots < CAPC = capc only) and new()
-            // the marks for rows x TP (the kernel's constexpr, kept in Kernels::index).
-            // pq_index is a programmatic dependent of pq_wfill (its variant's launch_pdl)
-            // and waits for it before any weight. pq_wfill: one CTA per SM, so each
-            // leaves room for a pq_index CTA beside it.
+            // the marks for rows x TP (the kernel's constexpr, kept in IndexKernels) and
+            // the ready flags for rows. Companion fill: pq_index alone (no programmatic
+            // dependency), CTA (r, 0) writes row r's weights (r x s .. (r + 1) x s) and
+            // sets ready[r], CTA (r, 1) waits for it before its heavy ones and clears it.
+            // Else pq_index is a programmatic dependent of pq_wfill (its variant's
+            // launch_pdl) and waits for it before any weight; pq_wfill: one CTA per SM,
+            // so each leaves room for a pq_index CTA beside it (sm_80: no pq_wfill, each
+            // row CTA writes its own row).
             let mut launches = Vec::with_capacity(2);
-            if let Some(fill) = fill {
+            if let (Some(fill), false) = (&ik.wfill, companion) {
                 launches.push(Launch {
                     kernel: fill.clone(),
                     grid: [self.rt.device().sm_count().max(1), 1, 1],
@@ -1122,12 +1203,15 @@ impl GpuIndexer {
                 grid: [rows as u32, 2, 1],
                 args: iargs,
             });
-            return Ok(Some((launches, true)));
+            return Ok(Some((launches, true, companion)));
         }
         let (wanted, split) = match self.path {
             SelectPath::Chunked => (false, false),
             SelectPath::Hist => (true, false),
-            SelectPath::Split | SelectPath::Index => (true, split_applies),
+            SelectPath::Split
+            | SelectPath::Index
+            | SelectPath::IndexCompanion
+            | SelectPath::IndexWfill => (true, split_applies),
             // measured on the H100 (NOTES.md, sessions 6-8): split wins with fewer rows
             // than SMs (reference: 25.3 vs 32.9 us wall for pq_select, 34.7 for
             // pq_hist), pq_hist with 128 rows of 131k keys (large: 82.6 vs 85.0 us split)
@@ -1156,6 +1240,7 @@ impl GpuIndexer {
                     grid: [rows as u32, 2, 1],
                     args,
                 }],
+                false,
                 false,
             )));
         }
@@ -1191,6 +1276,7 @@ impl GpuIndexer {
                     args: eargs,
                 },
             ],
+            false,
             false,
         )))
     }
@@ -1639,8 +1725,11 @@ pub struct Execution {
     pub hist_path: bool,
     /// Whether they ran it split (`pq_thresh` + `pq_emit`).
     pub split_path: bool,
-    /// Whether they ran it indexed (`pq_wfill` + `pq_index`).
+    /// Whether they ran it indexed (`pq_index`, after `pq_wfill` or alone).
     pub index_path: bool,
+    /// Whether the indexed step was one launch, the rows' companion CTAs writing the
+    /// weights ([`SelectPath::IndexCompanion`]).
+    pub index_companion: bool,
     /// Name of the GPU.
     pub device_name: String,
 }
@@ -1649,7 +1738,9 @@ impl Execution {
     /// What selected the heavy keys, for reports: the histogram path's kernels, else the
     /// select kernel's variant id.
     pub fn select_kernel(&self) -> &str {
-        if self.index_path {
+        if self.index_path && self.index_companion {
+            "pq_index (histogram path, indexed, weights by companion CTAs)"
+        } else if self.index_path {
             "pq_wfill + pq_index (histogram path, indexed)"
         } else if self.split_path {
             "pq_thresh + pq_emit (histogram path, split)"
@@ -1791,6 +1882,7 @@ pub fn execute_with_path(
         hist_path: first.hist,
         split_path: first.split,
         index_path: first.index,
+        index_companion: first.companion,
         device_name: rt.device().name().to_string(),
     })
 }
