@@ -188,32 +188,42 @@ def _max_op(a, b):
 
 
 @triton.jit
+def _gather_slots(selc, tot, bkt_row, mark_row, lut_row, M, K, bits, CAPC, NC: tl.constexpr, TP: tl.constexpr):
+    """The keys of the combinations with ``selc > 0`` (``selc[c]`` of combination ``c``'s,
+    ``tot`` in all, ``<= TP``) gathered from the buckets: slots from one prefix sum over
+    the combinations, each slot's combination from a running max over start marks in
+    ``mark_row`` (left as they are: the caller zeroes them). Returns ``(t, valid, jj,
+    sc)``: slot ids, slots in use, key ids and scores (added as ``_combo_scores`` adds
+    them)."""
+    cc = tl.arange(0, NC)
+    off = tl.cumsum(selc, axis=0) - selc
+    # start marks: slot off[c] holds (off[c] * NC + c) + 1 for each taken combination
+    tl.store(mark_row + off, off * NC + cc + 1, mask=selc > 0)
+    tl.debug_barrier()
+    t = tl.arange(0, TP)
+    mk = tl.load(mark_row + t, cache_modifier=".cg")
+    pk = tl.associative_scan(mk, 0, _max_op) - 1
+    c = pk % NC
+    valid = t < tot
+    jj = tl.load(bkt_row + c.to(tl.int64) * CAPC + (t - pk // NC), mask=valid, other=0)
+    sc = tl.zeros([TP], tl.float32)
+    for m in range(M):
+        sc += tl.load(lut_row + m * K + ((c >> ((M - 1 - m) * bits)) & (K - 1)))
+    return t, valid, jj, sc
+
+
+@triton.jit
 def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, lut_row, sl_row, w_row, M, K, bits, k,
                  s_sink, init_offset, CAPC, ready_ptr, r, fill, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
     """Step 4's gather (see the module docstring) where ``common``; returns whether it ran
     (not when the taken combinations do not fit: a bucket over CAPC, more than TP keys)."""
-    cc = tl.arange(0, NC)
     selc = tl.where((s >= t_maybe) & (cnt > 0), cnt, 0)
     tot, big = _red_add_max(selc, selc)
     fits = common & (big <= CAPC) & (tot <= TP)
     if fits:
-        incl = tl.cumsum(selc, axis=0)
-        off = incl - selc
-        # start marks: slot off[c] holds (off[c] * NC + c) + 1 for each taken combination
-        tl.store(mark_row + off, off * NC + cc + 1, mask=selc > 0)
-        tl.debug_barrier()
-        t = tl.arange(0, TP)
-        mk = tl.load(mark_row + t, cache_modifier=".cg")
-        pk = tl.associative_scan(mk, 0, _max_op) - 1
-        c = pk % NC
-        valid = t < tot
-        jj = tl.load(bkt_row + c.to(tl.int64) * CAPC + (t - pk // NC), mask=valid, other=0)
-        # the slot's score, added as _combo_scores adds it: maybe = below t_sure
-        sc = tl.zeros([TP], tl.float32)
-        for m in range(M):
-            sc += tl.load(lut_row + m * K + ((c >> ((M - 1 - m) * bits)) & (K - 1)))
-        # sorted by position (the maybe flag in bit 0); maybe keys are taken in position
-        # order while fewer than need are
+        t, valid, jj, sc = _gather_slots(selc, tot, bkt_row, mark_row, lut_row, M, K, bits, CAPC, NC, TP)
+        # sorted by position, the maybe flag (score below t_sure) in bit 0; maybe keys are
+        # taken in position order while fewer than need are
         key = tl.sort(tl.where(valid, jj * 2 + (sc < t_sure).to(tl.int32), 0x7FFFFFFF))
         mb = key & 1
         mrank = tl.cumsum(mb, axis=0) - mb
@@ -236,22 +246,8 @@ def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, lut_row, sl_row, w_
     ``mark_row``, left zero), takes the ``need`` best by (score descending, position
     ascending) with one sort, orders those by position with a second and writes them to
     ``sparse_list[s_sink ..]`` and their weights."""
-    cc = tl.arange(0, NC)
     selc = tl.where((s >= lo) & (cnt > 0), cnt, 0)
-    off = tl.cumsum(selc, axis=0) - selc
-    # start marks: slot off[c] holds (off[c] * NC + c) + 1 for each taken combination
-    tl.store(mark_row + off, off * NC + cc + 1, mask=selc > 0)
-    tl.debug_barrier()
-    t = tl.arange(0, TP)
-    mk = tl.load(mark_row + t, cache_modifier=".cg")
-    pk = tl.associative_scan(mk, 0, _max_op) - 1
-    c = pk % NC
-    valid = t < tot
-    jj = tl.load(bkt_row + c.to(tl.int64) * CAPC + (t - pk // NC), mask=valid, other=0)
-    # the slot's score, added as _combo_scores adds it
-    sc = tl.zeros([TP], tl.float32)
-    for m in range(M):
-        sc += tl.load(lut_row + m * K + ((c >> ((M - 1 - m) * bits)) & (K - 1)))
+    t, valid, jj, sc = _gather_slots(selc, tot, bkt_row, mark_row, lut_row, M, K, bits, CAPC, NC, TP)
     # (score descending, position ascending) as one i64: the negated score's bits made
     # to order as signed integers (0 - sc: no -0.0), the position below
     nb = (0.0 - sc).to(tl.int32, bitcast=True)
