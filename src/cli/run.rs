@@ -134,8 +134,10 @@ pub struct RunArgs {
     /// split one for < 64 rows of >= 16384 keys, pq_hist for >= 64 rows of >= 32768 keys,
     /// else pq_select; where they apply), `chunked` (always pq_select), `hist` (pq_hist, one launch,
     /// wherever it applies: K^M <= 4096, M <= 4), `split` (pq_thresh + pq_emit wherever
-    /// they apply, else as `hist`) or `index` (pq_wfill + pq_index: keys gathered from
-    /// per-combination buckets; M <= 2, one dtype; else as `split`).
+    /// they apply, else as `hist`), `index` (pq_index: keys gathered from per-combination
+    /// buckets; M <= 2, one dtype; else as `split`; weights by each row's companion CTA
+    /// in one launch for few rows of few keys, else by pq_wfill), `index-companion` or
+    /// `index-wfill` (`index` with that weight writer always).
     #[arg(long, value_enum, default_value_t = pq::gpu::SelectPath::Auto, help_heading = "Backend")]
     pub select_path: pq::gpu::SelectPath,
     #[command(flatten)]

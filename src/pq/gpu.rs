@@ -73,8 +73,9 @@ pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: the indexed path
     /// (`pq_index`, its weights written as [`SelectPath::Index`] chooses) wherever it is
     /// built (NOTES.md, session 12: large workload 44.0-45.1 us, reference 19.1-20.5);
-    /// else split (`pq_thresh` and `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
-    /// `pq_hist` for at least 64 rows and 32768 keys; else `pq_select`. Measured on the
+    /// else split (`pq_thresh` and `pq_emit`) for fewer than 64 rows (`B*H`) of at least
+    /// 16384 quantized keys, `pq_hist` for at least 64 rows and 32768 keys; else
+    /// `pq_select`. Measured on the
     /// H100 (NOTES.md, sessions 3 and 5-8): one `pq_hist` CTA per row leaves most SMs
     /// idle with few rows, where the split path spreads the emit over every SM (reference
     /// workload, `tritonrt run` wall per step: 25.3 us split, 34.7 pq_hist, 32.9 chunked
@@ -892,6 +893,7 @@ impl GpuIndexer {
             self.bkt.ptr(s),
             self.capc as u64,
             self.mark.ptr(s),
+            self.ready.ptr(s),
             self.sparse_list.ptr(s),
             self.sparse_len.ptr(s),
             self.weight.ptr(s),
