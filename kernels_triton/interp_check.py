@@ -285,6 +285,9 @@ CASES = [
     ("io_lt_sink", (1, 2, 2, 32, 2, 5), 1500, 2, dict(sink=64, window=40, heavy=50, init_offset=16), False, False, 512,
      2),
     ("ip_m4", (2, 2, 1, 32, 4, 3), 1200, 2, dict(sink=4, window=24, heavy=30, init_offset=4), False, True, 256, 4),
+    # heavy > TP / 2: pq_index's cut path takes the full sort (not the top-k half)
+    ("heavy_over_half", (1, 4, 4, 64, 2, 6), 3000, 2, dict(sink=16, window=32, heavy=200, init_offset=16), False, False,
+     128, 2),
     ("few_cand", (1, 2, 2, 32, 2, 3), 260, 2, dict(sink=8, window=200, heavy=64, init_offset=8), False, False, 128, 2),
     ("m1_bits8", (1, 2, 2, 16, 1, 8), 1800, 2, dict(sink=4, window=8, heavy=20, init_offset=0), True, False, 512, 2),
     # 4 combinations: the threshold's combination holds hundreds of keys, so the maybe
