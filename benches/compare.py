@@ -6,8 +6,10 @@ host timer around step + torch.cuda.synchronize(); GPU time = CUDA events around
 1. tritonrt, plain kernel launches from Rust           (`tritonrt bench`)
 2. tritonrt, CUDA graph replay from Rust               (`tritonrt bench`)
 3. kernels_triton/reference.py in PyTorch eager
-4. PyTorch calling our Triton kernels through Triton's Python launcher
-5. that under a torch CUDA graph
+4. PyTorch calling our Triton kernels through Triton's Python launcher: the kernels
+   tritonrt runs here (`pq_index`, after `pq_wfill` where tritonrt launches it), and
+   session 1's fused `pq_select` for comparison
+5. each of those under a torch CUDA graph
 
 `tritonrt bench --save-inputs` writes each shape's inputs (the key rows a step reads,
 query, centroids, codebook) so the Python implementations see the same bytes; the rest of
@@ -36,6 +38,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
 
 import reference  # noqa: E402
 from compare_outputs import heavy_chosen  # noqa: E402
+from pq_hist import FIXED as HIST_FIXED  # noqa: E402
+from pq_index import INDEX_FIXED, INDEX_MAXNREG, pq_index_kernel, pq_wfill_kernel  # noqa: E402
 from pq_select import pq_select_kernel  # noqa: E402
 
 
@@ -90,19 +94,84 @@ class TritonStep:
         return self.sl, self.len, self.w
 
 
+class IndexStep:
+    """The kernels tritonrt's indexed step runs (``pq_index``, and ``pq_wfill`` before it
+    as its programmatic dependent where tritonrt launches one), through Triton's Python
+    launcher, on the runtime's state layout; the fill choice and bucket capacity are the
+    Rust indexer's (src/pq/gpu.rs: companion fill when every CTA has an SM of its own and
+    a row's weights are at most 128 KiB; ``capc = 2 cdiv(cap, 4096) + 16``). Query dtype =
+    weight dtype and M <= 2 only (where tritonrt builds ``pq_index``)."""
+
+    COMPANION_FILL_MAX_BYTES = 128 * 1024
+
+    def __init__(self, query, key, centroids, codebook, metric, cfg):
+        B, H, _, D = query.shape
+        H_kv, S = key.shape[1], key.shape[2]
+        M, K = centroids.shape[2], centroids.shape[3]
+        assert M <= 2, "pq_index is built for M <= 2"
+        self.n_old = codebook.shape[1]
+        n = S - cfg["init_offset"]
+        cap = (n + 15) // 16 * 16
+        rows = B * H
+        nc = HIST_FIXED["NC"]
+        capc = 2 * -(-cap // nc) + 16
+        self.codes = torch.zeros(B, H_kv, M, cap, dtype=torch.uint8, device="cuda")
+        self.codes[..., : self.n_old] = codebook.permute(0, 2, 3, 1).to(torch.uint8)
+        z32 = lambda *shape: torch.zeros(*shape, dtype=torch.int32, device="cuda")  # noqa: E731
+        self.hist, self.histn, self.lvl = z32(rows, nc), z32(rows), z32(rows, HIST_FIXED["LEVELS"], HIST_FIXED["NB"])
+        self.bkt, self.mark, self.ready = z32(rows, nc, capc), z32(rows, INDEX_FIXED["TP"]), z32(rows)
+        self.lut = torch.zeros(rows * M * K, dtype=torch.float32, device="cuda")
+        total = min(cfg["sink_size"], S) + min(cfg["heavy_size"], n) + min(cfg["window_size"], S)
+        self.sl = torch.empty(B, H, total, dtype=torch.int64, device="cuda")
+        self.len = torch.empty(B, H, dtype=torch.int64, device="cuda")
+        self.w = torch.empty(B, H, S, dtype=query.dtype, device="cuda")
+        self.phi = torch.zeros(1, dtype=torch.float32, device="cuda")
+        props = torch.cuda.get_device_properties(0)
+        self.sms = props.multi_processor_count
+        self.companion = 2 * rows <= self.sms and S * self.w.element_size() <= self.COMPANION_FILL_MAX_BYTES
+        self.fill_args = (self.w, rows, S, cfg["sink_size"], cfg["window_size"])
+        self.args = (query, key, centroids, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bkt,
+                     self.mark, self.ready, self.sl, self.len, self.w, H * D, D, H_kv * S * D, S * D, D, H,
+                     H // H_kv, M, K, K.bit_length() - 1, D // M, S, self.n_old, cap, capc, cfg["sink_size"],
+                     cfg["window_size"], cfg["heavy_size"], cfg["init_offset"], int(metric == "ip"),
+                     int(self.companion))
+        self.grid = (rows, 2)
+        self.carved = False
+
+    def __call__(self):
+        extra = {}
+        if not self.companion:
+            fk = pq_wfill_kernel[(self.sms, )](*self.fill_args, FT=2048, PDL=1, num_warps=4)
+            if not self.carved:  # as the runtime does: room for pq_index's shared memory beside it
+                fk._init_handles()
+                import ctypes
+                ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(fk.function), 9, 100)
+                self.carved = True
+            extra["launch_pdl"] = True
+        pq_index_kernel[self.grid](*self.args, MP=2, TILE=4096, **dict(INDEX_FIXED, PDL=1), num_warps=8,
+                                   num_stages=1, maxnreg=INDEX_MAXNREG, **extra)
+        return self.sl, self.len, self.w
+
+
 def time_fn(fn, steps):
+    """(median wall us, median GPU us) per step, as `tritonrt bench` times its own: a
+    wall-clock loop (host timer around step + synchronize, no events in it), then a loop
+    with CUDA events around each step."""
     for _ in range(max(3, steps // 10)):
         fn()
     torch.cuda.synchronize()
     wall, gpu = [], []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(steps):
         t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t) * 1e6)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(steps):
         e0.record()
         fn()
         e1.record()
         torch.cuda.synchronize()
-        wall.append((time.perf_counter() - t) * 1e6)
         gpu.append(e0.elapsed_time(e1) * 1e3)
     return statistics.median(wall), statistics.median(gpu)
 
@@ -148,11 +217,7 @@ def main():
         path = os.path.join(inputs_dir, r["workload"], f"bench_S{S}.safetensors")
         q, k, c, cb, metric, cfg = load_inputs(path)
         eager = lambda: reference.indexer_step(q, k, c, cb, None, metric=metric, **cfg)  # noqa: E731
-        ts = TritonStep(q, k, c, cb, metric, cfg)
-        # correctness of the Triton-launcher step against the reference's scores
         sl_ref, _, w_ref, cb_new = eager()
-        sl, ln, w = ts()
-        torch.cuda.synchronize()
         B, H, _, D = q.shape
         M = c.shape[2]
         n = S - cfg["init_offset"]
@@ -160,34 +225,41 @@ def main():
                            q.float().reshape(B, k.shape[1], H // k.shape[1], M, D // M))
         codes = cb_new.permute(0, 2, 3, 1)
         sc = torch.gather(lut, 4, codes[:, :, None].expand(-1, -1, H // k.shape[1], -1, -1)).sum(3).reshape(B, H, n)
-        ok = heavy_ok(sc, sl, cfg, S) and bool((ln == sl_ref.shape[-1]).all()) and \
-            bool((w.float().sum(-1) == w_ref.float().sum(-1)).all())
-        g = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            ts()
         impls = {
-            "tritonrt launch (Rust)": (r["launch_wall_us"], r["launch_gpu_us"]),
-            "tritonrt graph (Rust)": (r["graph_wall_us"], r["graph_gpu_us"]),
-            "reference.py eager": time_fn(eager, a.steps),
-            "Triton launcher (Python)": time_fn(ts, a.steps),
-            "Triton launcher + torch graph": time_fn(g.replay, a.steps),
+            "tritonrt launch (Rust)": (r["launch_wall_us"], r["launch_gpu_us"], None),
+            "tritonrt graph (Rust)": (r["graph_wall_us"], r["graph_gpu_us"], None),
+            "reference.py eager": time_fn(eager, a.steps) + (None, ),
         }
-        for name, (wall, gpu) in impls.items():
+        for label, cls in (("pq_index", IndexStep), ("pq_select", TritonStep)):
+            ts = cls(q, k, c, cb, metric, cfg)
+            # correctness of the Triton-launcher step against the reference's scores (poisoned first)
+            ts.sl.fill_(-7)
+            ts.w.fill_(7)
+            sl, ln, w = ts()
+            torch.cuda.synchronize()
+            ok = heavy_ok(sc, sl, cfg, S) and bool((ln == sl_ref.shape[-1]).all()) and \
+                bool((w.float().sum(-1) == w_ref.float().sum(-1)).all())
+            g = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g):
+                ts()
+            impls[f"Triton launcher, {label} (Python)"] = time_fn(ts, a.steps) + (ok, )
+            impls[f"Triton launcher, {label} + torch graph"] = time_fn(g.replay, a.steps) + (ok, )
+            del g, ts
+            torch.cuda.empty_cache()
+        for name, (wall, gpu, ok) in impls.items():
             rows.append(dict(workload=r["workload"], b=r["b"], s=S, impl=name, wall_us=wall, gpu_us=gpu,
-                             floor_us=r["floor_us"], check=ok if "Triton launcher" in name else None))
-        del g, ts
-        torch.cuda.empty_cache()
+                             floor_us=r["floor_us"], check=ok))
 
     dev = torch.cuda.get_device_name()
     json.dump(rows, open(os.path.join(a.out, "compare.json"), "w"), indent=1)
     print(f"\n{dev}; copy bandwidth {rust[0]['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; "
           f"medians of {a.steps} steps; wall = host timer around step + sync; gpu = CUDA events")
-    print(f"{'B':>2} {'S':>7} {'implementation':<31} {'wall us':>9} {'gpu us':>9} {'floor us':>8} "
+    print(f"{'B':>2} {'S':>7} {'implementation':<40} {'wall us':>9} {'gpu us':>9} {'floor us':>8} "
           f"{'wall/floor':>10} {'gpu/floor':>9}")
     for x in rows:
         chk = "" if x["check"] is None else ("  check ok" if x["check"] else "  CHECK FAILED")
-        print(f"{x['b']:>2} {x['s']:>7} {x['impl']:<31} {x['wall_us']:>9.1f} {x['gpu_us']:>9.1f} "
+        print(f"{x['b']:>2} {x['s']:>7} {x['impl']:<40} {x['wall_us']:>9.1f} {x['gpu_us']:>9.1f} "
               f"{x['floor_us']:>8.1f} {x['wall_us'] / x['floor_us']:>10.1f} {x['gpu_us'] / x['floor_us']:>9.1f}{chk}")
 
     import matplotlib
