@@ -23,6 +23,7 @@ Usage (on a GPU machine with torch + triton):
 """
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -144,7 +145,6 @@ class IndexStep:
             fk = pq_wfill_kernel[(self.sms, )](*self.fill_args, FT=2048, PDL=1, num_warps=4)
             if not self.carved:  # as the runtime does: room for pq_index's shared memory beside it
                 fk._init_handles()
-                import ctypes
                 ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(fk.function), 9, 100)
                 self.carved = True
             extra["launch_pdl"] = True

@@ -36,9 +36,10 @@ The row CTA:
    running max over start marks in ``mark i32 [B*H, TP]``, left zero), takes the
    ``need`` best by (score descending, position ascending) (a bitonic top-k of TP/2 when
    ``need <= TP/2``, else a sort of all TP), orders them by position with a second sort,
-   and writes them to ``sparse_list`` (with sink and window) and their weights. Other rows find the threshold as ``pq_hist`` (level rounds) and gather
-   the taken combinations' keys when they fit (``_gather_emit``), else run ``pq_hist``'s
-   emit (one pass over their codes).
+   and writes them to ``sparse_list`` (with sink and window) and their weights. Other
+   rows find the threshold as ``pq_hist`` (level rounds) and gather the taken
+   combinations' keys when they fit (``_gather_emit``), else run ``pq_hist``'s emit (one
+   pass over their codes).
 
 Host preconditions as ``pq_hist`` (the step's new keys are not candidates: ``w0 <=
 n_old``); ``hist``, ``histn``, ``mark``, ``ready`` zero-filled once, ``hist`` and
