@@ -23,7 +23,6 @@ Usage (on a GPU machine with torch + triton):
 """
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -39,6 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "kernels_triton"))
 
 import reference  # noqa: E402
 from compare_outputs import heavy_chosen  # noqa: E402
+from hist_kernel import prefer_shared_carveout  # noqa: E402
 from pq_hist import FIXED as HIST_FIXED  # noqa: E402
 from pq_index import INDEX_FIXED, INDEX_MAXNREG, pq_index_kernel, pq_wfill_kernel  # noqa: E402
 from pq_select import pq_select_kernel  # noqa: E402
@@ -143,9 +143,8 @@ class IndexStep:
         extra = {}
         if not self.companion:
             fk = pq_wfill_kernel[(self.sms, )](*self.fill_args, FT=2048, PDL=1, num_warps=4)
-            if not self.carved:  # as the runtime does: room for pq_index's shared memory beside it
-                fk._init_handles()
-                ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(fk.function), 9, 100)
+            if not self.carved:
+                prefer_shared_carveout(fk)
                 self.carved = True
             extra["launch_pdl"] = True
         pq_index_kernel[self.grid](*self.args, MP=2, TILE=4096, **dict(INDEX_FIXED, PDL=1), num_warps=8,

@@ -41,6 +41,19 @@ SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset
 }
 
 
+#: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (cuda.h)
+CARVEOUT_ATTRIBUTE = 9
+
+
+def prefer_shared_carveout(ck):
+    """Ask for the most shared memory (100 %) in the L1 / shared split of the SMs that run
+    the compiled kernel ``ck``, as the runtime does for ``pq_wfill``
+    (``Kernel::prefer_shared_carveout``): room for ``pq_index``'s CTAs (32 KB of shared
+    memory) beside it (NOTES.md, session 11)."""
+    ck._init_handles()
+    ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(ck.function), CARVEOUT_ATTRIBUTE, 100)
+
+
 class Step:
     """The indexer state of one shape plus one launch of the kernel at a given S."""
 
@@ -147,9 +160,8 @@ class Step:
             elif self.pdl:
                 fk = pq_wfill_kernel[(self.fill_ctas, )](self.w, B * H, self.S, c["sink_size"], c["window_size"],
                                                         FT=2048, PDL=1, num_warps=self.fill_warps)
-                if not self.carved:  # as the runtime does: room for pq_index's shared memory beside it
-                    fk._init_handles()
-                    ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(fk.function), 9, 100)
+                if not self.carved:
+                    prefer_shared_carveout(fk)
                     self.carved = True
                 extra["launch_pdl"] = True
             if self.maxnreg:

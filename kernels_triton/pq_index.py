@@ -239,10 +239,13 @@ def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, lut_r
 
 
 @triton.jit
-def _store_heavy_sorted(pos, take, sl_at, w_row, ready_ptr, r, fill, PDL: tl.constexpr):
-    """The heavy positions ``pos`` (ascending where ``take``) into ``sparse_list`` at
-    ``sl_at`` and their ones into ``weight_list`` (after the row's zeros are written)."""
-    tl.store(sl_at, pos.to(tl.int64), mask=take)
+def _emit_best(best, i, need, init_offset, sl_row, s_sink, w_row, ready_ptr, r, fill, PDL: tl.constexpr):
+    """The first ``need`` of ``best`` (keys best first, the position in the low 32 bits;
+    ``i``: their indices) sorted by position into ``sparse_list[s_sink ..]``, and their
+    ones into ``weight_list`` (after the row's zeros are written)."""
+    take = i < need
+    pos = tl.sort(tl.where(take, (best & 0xFFFFFFFF).to(tl.int32), 0x7FFFFFFF)) + init_offset
+    tl.store(sl_row + s_sink + i, pos.to(tl.int64), mask=take)
     _weights_ready(ready_ptr, r, fill, PDL)
     tl.store(w_row + pos, tl.full(pos.shape, 1.0, tl.float32).to(w_row.dtype.element_ty), mask=take)
 
@@ -266,17 +269,11 @@ def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, lut_row, sl_row, w_
     nb = nb ^ ((nb >> 31) & 0x7FFFFFFF)
     key = tl.where(valid, (nb.to(tl.int64) << 32) | jj.to(tl.int64), 0x7FFFFFFFFFFFFFFF)
     if need <= TP // 2:
-        # the TP/2 smallest keys by a bitonic top-k of the complements (largest first),
-        # then only those TP/2 positions sorted
-        # (names differ from the other branch's: their shapes do)
-        th = tl.arange(0, TP // 2)
-        half = ~tl.topk(~key, TP // 2)
-        pos_h = tl.sort(tl.where(th < need, (half & 0xFFFFFFFF).to(tl.int32), 0x7FFFFFFF)) + init_offset
-        _store_heavy_sorted(pos_h, th < need, sl_row + s_sink + th, w_row, ready_ptr, r, fill, PDL)
+        # the TP/2 smallest keys by a bitonic top-k of the complements (largest first)
+        _emit_best(~tl.topk(~key, TP // 2), tl.arange(0, TP // 2), need, init_offset, sl_row, s_sink, w_row,
+                   ready_ptr, r, fill, PDL)
     else:
-        best = tl.sort(key)
-        pos = tl.sort(tl.where(t < need, (best & 0xFFFFFFFF).to(tl.int32), 0x7FFFFFFF)) + init_offset
-        _store_heavy_sorted(pos, t < need, sl_row + s_sink + t, w_row, ready_ptr, r, fill, PDL)
+        _emit_best(tl.sort(key), t, need, init_offset, sl_row, s_sink, w_row, ready_ptr, r, fill, PDL)
     tl.store(mark_row + t, tl.zeros([TP], tl.int32))
 
 
