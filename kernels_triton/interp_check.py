@@ -314,6 +314,7 @@ def main():
         S = S0
         plan = [S0 + i for i in range(steps)] + [S0 + steps - 1]  # decode steps, then a replay
         splits = indexed = 0
+        launches = len(plan)
         for i, S in enumerate(plan):
             n = S - cfg["init_offset"]
             w0 = max(0, S - min(cfg["window"], S) - cfg["init_offset"])
@@ -344,13 +345,31 @@ def main():
             combo = sum(cd[m] << ((M - 1 - m) * bits) for m in range(M))
             want = np.bincount(combo, minlength=FIXED["NC"])
             assert np.array_equal(st["hist"].a[r], want), f"{name}: row {r}: histogram != recount"
+        if M <= 2:
+            # pq_index on consecutive decode steps (one key joins each row's histogram:
+            # added in registers where M = 2), then a replay (none joins)
+            for S in (S + 1, S + 2, S + 2):
+                w0 = max(0, S - min(cfg["window"], S) - cfg["init_offset"])
+                assert w0 <= n_old, name
+                check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, indexed % 2),
+                      f"{name} decode S={S} (indexed)")
+                assert np.all(st["ihistn"].a == w0), f"{name}: ihistn {st['ihistn'].a} != w0 {w0}"
+                indexed += 1
+                launches += 1
+                n_old = max(n_old, S - cfg["init_offset"])
+            for r in range(B * H):
+                b, g = r // H, (r % H) // G
+                cd = st["codes"].a[b, g, :, :w0].astype(np.int64)
+                combo = sum(cd[m] << ((M - 1 - m) * bits) for m in range(M))
+                want = np.bincount(combo, minlength=FIXED["NC"])
+                assert np.array_equal(st["ihist"].a[r], want), f"{name}: row {r}: pq_index's histogram != recount"
         for hk in ("hist", "histn", "ihist", "ihistn"):
             st[hk].a[:] = 0
         split = split_applies(S, cfg)
         out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
         check(st, S, n_old, cfg, out, f"{name} after reset")
         splits += split
-        launches = len(plan) + 1
+        launches += 1
         if M <= 2:  # the indexed path after the reset too: buckets refilled from scratch
             check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, 1),
                   f"{name} after reset (indexed, companion fill)")

@@ -27,7 +27,9 @@ The row CTA:
    to the candidates ``j < w0`` (keys only join: when ``w0 < histn[r]`` it recounts from
    zero), each joining key stored at ``bkt[r, combo, slot]`` where ``slot`` is the count
    its atomic returned (kept only while ``slot < CAPC``);
-3. the lookup table and the combination scores as ``pq_hist``, then up to CUTS
+3. the lookup table and the combination scores as ``pq_hist`` (with ``M = 2``, a table
+   of one tile: its loads and the histogram's issued before step 2, the table kept in
+   registers, each combination's entries gathered on chip), then up to CUTS
    eight-way cuts of the score range (one reduction each) to a bound ``lo`` above which
    at least ``need = min(k, w0)`` and at most ``TP`` candidate keys lie;
 4. when every heavy pick lies between sink and window (``init_offset >= sink'``, ``w0 >=
@@ -73,6 +75,41 @@ def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w
         slot = tl.atomic_add(hist_row + combo, tl.full([DT], 1, tl.int32), mask=jm, sem="relaxed")
         tl.store(bkt_row + combo.to(tl.int64) * CAPC + slot, jd, mask=jm & (slot < CAPC))
     tl.store(histn_ptr + r, w0)
+
+
+@triton.jit
+def _lut_tile(q_ptr, qoff, cent_ptr, coff, d_s, d_c, K, on, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
+    """One subvector's query part (f32 ``[BLOCK_DS]``) and centroids (f32 ``[BLOCK_C,
+    BLOCK_DS]``, ``c < K``, ``d < d_s``), loaded only where ``on``."""
+    c = tl.arange(0, BLOCK_C)
+    d = tl.arange(0, BLOCK_DS)
+    q = tl.load(q_ptr + qoff + d, mask=on & (d < d_s), other=0.0).to(tl.float32)
+    cen = tl.load(cent_ptr + coff + c[:, None] * d_c + d[None, :], mask=on & (c < K)[:, None] & (d < d_s)[None, :],
+                  other=0.0)
+    return q, cen
+
+
+@triton.jit
+def _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC: tl.constexpr):
+    """``_head_lut`` then ``_combo_scores`` for ``M = 2`` from the loaded ``_lut_tile``s,
+    the table kept in registers (each combination's two entries gathered on chip,
+    ``tl.gather``, not read back from ``lut_row``; still written, for the fallback pass
+    over the codes). The table is reduced as ``_head_lut`` reduces it and the entries are
+    added as ``_combo_scores`` adds them, so the scores are the same bits. ``cnt``: the
+    row's histogram (``hist_row``'s first NC entries). H100, JIT harness, companion fill
+    (NOTES.md, session 14): reference 11.5-11.7 -> 10.9-11.1 us GPU per step, S=65536
+    16.1-16.5 -> 12.8."""
+    lut0 = tl.sum(cen0 * q0[None, :], axis=1)
+    lut1 = tl.sum(cen1 * q1[None, :], axis=1)
+    c = tl.arange(0, lut0.shape[0])
+    tl.store(lut_row + c, lut0, mask=c < K)
+    tl.store(lut_row + K + c, lut1, mask=c < K)
+    cc = tl.arange(0, NC)
+    cvalid = cc < (1 << (2 * bits))
+    s = tl.zeros([NC], tl.float32)
+    s += tl.where(cvalid, tl.gather(lut0, (cc >> bits) & (K - 1), 0), 0.0)
+    s += tl.where(cvalid, tl.gather(lut1, cc & (K - 1), 0), 0.0)
+    return tl.where(cvalid, cnt, 0), s
 
 
 @triton.jit
@@ -189,13 +226,13 @@ def _max_op(a, b):
 
 
 @triton.jit
-def _gather_slots(selc, tot, bkt_row, mark_row, lut_row, M, K, bits, CAPC, NC: tl.constexpr, TP: tl.constexpr):
+def _gather_slots(selc, tot, s, bkt_row, mark_row, CAPC, NC: tl.constexpr, TP: tl.constexpr):
     """The keys of the combinations with ``selc > 0`` (``selc[c]`` of combination ``c``'s,
     ``tot`` in all, ``<= TP``) gathered from the buckets: slots from one prefix sum over
     the combinations, each slot's combination from a running max over start marks in
     ``mark_row`` (left as they are: the caller zeroes them). Returns ``(t, valid, jj,
-    sc)``: slot ids, slots in use, key ids and scores (added as ``_combo_scores`` adds
-    them)."""
+    sc)``: slot ids, slots in use, key ids and scores (each its combination's score in
+    ``s``, gathered on chip: ``tl.gather``)."""
     cc = tl.arange(0, NC)
     off = tl.cumsum(selc, axis=0) - selc
     # start marks: slot off[c] holds (off[c] * NC + c) + 1 for each taken combination
@@ -204,17 +241,15 @@ def _gather_slots(selc, tot, bkt_row, mark_row, lut_row, M, K, bits, CAPC, NC: t
     t = tl.arange(0, TP)
     mk = tl.load(mark_row + t, cache_modifier=".cg")
     pk = tl.associative_scan(mk, 0, _max_op) - 1
-    c = pk % NC
     valid = t < tot
+    c = tl.where(valid, pk % NC, 0)
     jj = tl.load(bkt_row + c.to(tl.int64) * CAPC + (t - pk // NC), mask=valid, other=0)
-    sc = tl.zeros([TP], tl.float32)
-    for m in range(M):
-        sc += tl.load(lut_row + m * K + ((c >> ((M - 1 - m) * bits)) & (K - 1)))
+    sc = tl.gather(s, c, 0)
     return t, valid, jj, sc
 
 
 @triton.jit
-def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, lut_row, sl_row, w_row, M, K, bits, k,
+def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, sl_row, w_row, k,
                  s_sink, init_offset, CAPC, ready_ptr, r, fill, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
     """Step 4's gather (see the module docstring) where ``common``; returns whether it ran
     (not when the taken combinations do not fit: a bucket over CAPC, more than TP keys)."""
@@ -222,7 +257,7 @@ def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, lut_r
     tot, big = _red_add_max(selc, selc)
     fits = common & (big <= CAPC) & (tot <= TP)
     if fits:
-        t, valid, jj, sc = _gather_slots(selc, tot, bkt_row, mark_row, lut_row, M, K, bits, CAPC, NC, TP)
+        t, valid, jj, sc = _gather_slots(selc, tot, s, bkt_row, mark_row, CAPC, NC, TP)
         # sorted by position, the maybe flag (score below t_sure) in bit 0; maybe keys are
         # taken in position order while fewer than need are
         key = tl.sort(tl.where(valid, jj * 2 + (sc < t_sure).to(tl.int32), 0x7FFFFFFF))
@@ -251,7 +286,7 @@ def _emit_best(best, i, need, init_offset, sl_row, s_sink, w_row, ready_ptr, r, 
 
 
 @triton.jit
-def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, lut_row, sl_row, w_row, M, K, bits, s_sink, init_offset,
+def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, sl_row, w_row, s_sink, init_offset,
                    CAPC, ready_ptr, r, fill, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
     """The heavy keys when the candidates scoring ``>= lo`` are ``tot`` (``need <= tot <=
     TP``) and no bucket overflowed: gathers them all (slots from one prefix sum over the
@@ -262,7 +297,7 @@ def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, lut_row, sl_row, w_
     from a bitonic top-k (``tl.topk``) and the position sort is of TP/2 keys: 0.3-0.5 us
     less per step than two sorts of TP (H100, NOTES.md, session 13)."""
     selc = tl.where((s >= lo) & (cnt > 0), cnt, 0)
-    t, valid, jj, sc = _gather_slots(selc, tot, bkt_row, mark_row, lut_row, M, K, bits, CAPC, NC, TP)
+    t, valid, jj, sc = _gather_slots(selc, tot, s, bkt_row, mark_row, CAPC, NC, TP)
     # (score descending, position ascending) as one i64: the negated score's bits made
     # to order as signed integers (0 - sc: no -0.0), the position below
     nb = (0.0 - sc).to(tl.int32, bitcast=True)
@@ -351,16 +386,41 @@ def pq_index_kernel(
         if not PDL:
             if fill == 0:
                 _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
-        # 2-3. histogram and buckets, lookup table, threshold
         hist_row = hist_ptr + r64 * NC
         bkt_row = bkt_ptr + r64 * NC * CAPC
+        lut_row = lut_ptr + r64 * M * K
+        # M = 2 with a table that fits one tile: the table's and the histogram's loads are
+        # issued before the move, their latency under its atomics (the row's histogram
+        # changes only here: where exactly one key joins, its combination is added in
+        # registers), and the table stays in registers
+        fast = (M == 2) & (K <= BLOCK_C) & (d_s <= BLOCK_DS)
+        qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
+        q0, cen0 = _lut_tile(q_ptr, qrow, cent_ptr, (bg * 2 * K) * d_c, d_s, d_c, K, fast, BLOCK_C, BLOCK_DS)
+        q1, cen1 = _lut_tile(q_ptr, qrow + d_s, cent_ptr, ((bg * 2 + 1) * K) * d_c, d_s, d_c, K, fast, BLOCK_C,
+                             BLOCK_DS)
+        cc = tl.arange(0, NC)
+        cnt = tl.load(hist_row + cc, mask=fast & (cc < (1 << (2 * bits))), other=0, cache_modifier=".cg")
+        hn = tl.load(histn_ptr + r)
+        one = fast & (w0 == hn + 1)
+        cmb = (tl.load(codes_ptr + (bg * 2) * cap + hn, mask=one, other=0).to(tl.int32) << bits) | tl.load(
+            codes_ptr + (bg * 2 + 1) * cap + hn, mask=one, other=0).to(tl.int32)
+        # 2-3. histogram and buckets, lookup table, threshold
         _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w0, CAPC, MP, DT, NC)
         t1 = _stamp(TIMER)
-        lut_row = lut_ptr + r64 * M * K
-        _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
-        tl.debug_barrier()  # the atomics, the table, the weights' zeros: before any read or heavy one
-        t2 = _stamp(TIMER)
-        cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
+        if fast:
+            if one:
+                cnt += (cc == cmb).to(tl.int32)
+            elif w0 != hn:
+                tl.debug_barrier()  # every thread's atomics
+                cnt = tl.load(hist_row + cc, cache_modifier=".cg")
+            cnt, s = _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC)
+            tl.debug_barrier()  # the buckets, the table, the weights' zeros: before any read or heavy one
+            t2 = _stamp(TIMER)
+        else:
+            _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
+            tl.debug_barrier()  # the atomics, the table, the weights' zeros: before any read or heavy one
+            t2 = _stamp(TIMER)
+            cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
         t3 = _stamp(TIMER)
         total = s_sink + k + s_win
         sl_row = sl_ptr + r64 * total
@@ -369,15 +429,15 @@ def pq_index_kernel(
         lo, tot, big = _select_cut(cnt, s, w0, need, TP, CUTS)
         t4 = _stamp(TIMER)
         if common & (tot <= TP) & (big <= CAPC):
-            _gather_select(cnt, s, lo, tot, need, bkt_row, mark_ptr + r64 * TP, lut_row, sl_row, w_row, M, K, bits,
+            _gather_select(cnt, s, lo, tot, need, bkt_row, mark_ptr + r64 * TP, sl_row, w_row,
                            s_sink, init_offset, CAPC, ready_ptr, r, fill, NC, TP, PDL)
             done = tot <= TP
             t_sure = lo  # unused: the pass over the codes below runs only in the other branch
             t_maybe = lo
         else:
             t_sure, t_maybe, need = _rounds(cnt, s, need, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
-            done = _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_ptr + r64 * TP, lut_row, sl_row,
-                                w_row, M, K, bits, k, s_sink, init_offset, CAPC, ready_ptr, r, fill, NC, TP, PDL)
+            done = _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_ptr + r64 * TP, sl_row,
+                                w_row, k, s_sink, init_offset, CAPC, ready_ptr, r, fill, NC, TP, PDL)
         if done:
             q = tl.arange(0, FT)
             tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
