@@ -404,6 +404,9 @@ def pq_index_kernel(
         one = fast & (w0 == hn + 1)
         cmb = (tl.load(codes_ptr + (bg * 2) * cap + hn, mask=one, other=0).to(tl.int32) << bits) | tl.load(
             codes_ptr + (bg * 2 + 1) * cap + hn, mask=one, other=0).to(tl.int32)
+        # ordered before the move's atomics (a CTA barrier: the prefetched counts must not
+        # see them)
+        tl.debug_barrier()
         # 2-3. histogram and buckets, lookup table, threshold
         _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w0, CAPC, MP, DT, NC)
         t1 = _stamp(TIMER)
