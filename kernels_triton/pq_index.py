@@ -53,6 +53,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kspec import Kernel, i32, i64, ptr, single
+from pq_select import _lut_tile
 from pq_hist import (DTYPES, FIXED as HIST_FIXED, INTERPRETED, _combo_scores, _combos, _head_lut, _quantize_cta,
                      _red_add_max, _rounds, _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
 
@@ -78,23 +79,11 @@ def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w
 
 
 @triton.jit
-def _lut_tile(q_ptr, qoff, cent_ptr, coff, d_s, d_c, K, on, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
-    """One subvector's query part (f32 ``[BLOCK_DS]``) and centroids (f32 ``[BLOCK_C,
-    BLOCK_DS]``, ``c < K``, ``d < d_s``), loaded only where ``on``."""
-    c = tl.arange(0, BLOCK_C)
-    d = tl.arange(0, BLOCK_DS)
-    q = tl.load(q_ptr + qoff + d, mask=on & (d < d_s), other=0.0).to(tl.float32)
-    cen = tl.load(cent_ptr + coff + c[:, None] * d_c + d[None, :], mask=on & (c < K)[:, None] & (d < d_s)[None, :],
-                  other=0.0)
-    return q, cen
-
-
-@triton.jit
 def _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC: tl.constexpr):
-    """``_head_lut`` then ``_combo_scores`` for ``M = 2`` from the loaded ``_lut_tile``s,
-    the table kept in registers (each combination's two entries gathered on chip,
-    ``tl.gather``, not read back from ``lut_row``; still written, for the fallback pass
-    over the codes). The table is reduced as ``_head_lut`` reduces it and the entries are
+    """``_head_lut`` then ``_combo_scores`` for ``M = 2`` from one loaded ``_lut_tile`` per
+    subvector, the table kept in registers (each combination's two entries gathered on
+    chip, ``tl.gather``, not read back from ``lut_row``; still written, for the fallback
+    pass over the codes). The table is reduced as ``_head_lut`` reduces it and the entries are
     added as ``_combo_scores`` adds them, so the scores are the same bits. ``cnt``: the
     row's histogram (``hist_row``'s first NC entries). H100, JIT harness, companion fill
     (NOTES.md, session 14): reference 11.5-11.7 -> 10.9-11.1 us GPU per step, S=65536
@@ -395,9 +384,10 @@ def pq_index_kernel(
         # registers), and the table stays in registers
         fast = (M == 2) & (K <= BLOCK_C) & (d_s <= BLOCK_DS)
         qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
-        q0, cen0 = _lut_tile(q_ptr, qrow, cent_ptr, (bg * 2 * K) * d_c, d_s, d_c, K, fast, BLOCK_C, BLOCK_DS)
-        q1, cen1 = _lut_tile(q_ptr, qrow + d_s, cent_ptr, ((bg * 2 + 1) * K) * d_c, d_s, d_c, K, fast, BLOCK_C,
-                             BLOCK_DS)
+        oc = tl.arange(0, BLOCK_C)
+        od = tl.arange(0, BLOCK_DS)
+        q0, cen0 = _lut_tile(q_ptr, qrow, cent_ptr, (bg * 2 * K) * d_c, oc, od, d_s, d_c, K, fast)
+        q1, cen1 = _lut_tile(q_ptr, qrow + d_s, cent_ptr, ((bg * 2 + 1) * K) * d_c, oc, od, d_s, d_c, K, fast)
         cc = tl.arange(0, NC)
         cnt = tl.load(hist_row + cc, mask=fast & (cc < (1 << (2 * bits))), other=0, cache_modifier=".cg")
         hn = tl.load(histn_ptr + r)

@@ -163,20 +163,28 @@ def _nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C
 
 
 @triton.jit
+def _lut_tile(q_ptr, qbase, cent_ptr, cbase, offs_c, offs_d, d_s, d_c, K, on):
+    """A tile of one subvector's query part (f32, ``offs_d < d_s``) and centroids (f32
+    ``[len(offs_c), len(offs_d)]``, rows ``offs_c < K`` at ``cbase + c * d_c``), loaded
+    only where ``on``; its table part is ``tl.sum(cen * q[None, :], axis=1)``."""
+    cmask = offs_c < K
+    dmask = on & (offs_d < d_s)
+    q = tl.load(q_ptr + qbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
+    cen = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :], mask=cmask[:, None] & dmask[None, :],
+                  other=0.0)
+    return q, cen
+
+
+@triton.jit
 def _store_lut(q_ptr, qbase, cent_ptr, cbase, d_s, d_c, K, out_ptr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
     """out[c] = <q_m, centroids[c, :d_s]> for c < K."""
     for cb in range(0, K, BLOCK_C):
         offs_c = cb + tl.arange(0, BLOCK_C)
-        cmask = offs_c < K
         acc = tl.zeros([BLOCK_C], tl.float32)
         for d0 in range(0, d_s, BLOCK_DS):
-            offs_d = d0 + tl.arange(0, BLOCK_DS)
-            dmask = offs_d < d_s
-            q = tl.load(q_ptr + qbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
-            c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :],
-                        mask=cmask[:, None] & dmask[None, :], other=0.0)
+            q, c = _lut_tile(q_ptr, qbase, cent_ptr, cbase, offs_c, d0 + tl.arange(0, BLOCK_DS), d_s, d_c, K, True)
             acc += tl.sum(c * q[None, :], axis=1)
-        tl.store(out_ptr + offs_c, acc, mask=cmask)
+        tl.store(out_ptr + offs_c, acc, mask=offs_c < K)
 
 
 @triton.jit
