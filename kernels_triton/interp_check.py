@@ -18,6 +18,7 @@ launch. Exit status 1 on the first mismatch, with what differed.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -31,6 +32,10 @@ sys.path.insert(0, HERE)
 from pq_hist import FIXED, pq_hist_kernel  # noqa: E402
 from pq_index import INDEX_FIXED, pq_index_kernel, pq_wfill_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, THRESH_FIXED, pq_emit_kernel, pq_thresh_kernel  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+#: what each ``run_index`` mode is called in the messages
+INDEX_MODES = ("", ", companion fill", ", companion fill, CTAs in reverse order")
 
 
 class _Dtype:
@@ -153,13 +158,33 @@ def run_split(st, S, n_old, cfg, tile, mp=2):
     return sl.a, ln.a, w.a
 
 
-def run_index(st, S, n_old, cfg, tile, mp=2, fill=0):
-    """pq_wfill_kernel then pq_index_kernel (its own histogram and buckets, PDL off: the
-    interpreter runs the launches in order), or with ``fill`` pq_index_kernel alone, each
-    row's companion CTA writing its weights (the interpreter runs CTA (r, 0) before (r, 1),
-    so the row's wait on its ready flag returns at once), for the state ``st`` at S;
-    returns (sparse_list, sparse_len, weight_list) and checks that the marks and ready
-    flags are left zero."""
+@contextlib.contextmanager
+def reversed_grid():
+    """Run the interpreter's CTAs in reverse order (last block index first): a kernel whose
+    CTAs depend on each other's order gives another answer, or hangs."""
+    builder = interpreter.interpreter_builder
+    set_idx = builder.set_grid_idx
+
+    def flipped(x, y, z):
+        gx, gy, gz = builder.grid_dim
+        set_idx(gx - 1 - x, gy - 1 - y, gz - 1 - z)
+
+    builder.set_grid_idx = flipped
+    try:
+        yield
+    finally:
+        builder.set_grid_idx = set_idx
+
+
+def run_index(st, S, n_old, cfg, tile, mp=2, mode=0):
+    """``mode`` 0: pq_wfill_kernel then pq_index_kernel (its own histogram and buckets,
+    PDL off: the interpreter runs the launches in order); 1: pq_index_kernel alone, each
+    row's companion CTA writing its weights (the interpreter runs CTA (r, 0), the
+    companion, before (r, 1): the row CTA arrives second and writes the heavy ones); 2: as
+    1 with the grid run in reverse (the companion arrives second and rewrites the ones over
+    its zeros). For the state ``st`` at S; returns (sparse_list, sparse_len, weight_list)
+    and checks that the marks and ready flags are left zero."""
+    fill = int(mode != 0)
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     rows = B * H
     sl, ln, w = poisoned_outputs(rows, S, cfg)
@@ -167,11 +192,13 @@ def run_index(st, S, n_old, cfg, tile, mp=2, fill=0):
         pq_wfill_kernel[(3, )](w, rows, S, cfg["sink"], cfg["window"], FT=INDEX_FIXED["FT"], PDL=0, num_warps=4)
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
-    pq_index_kernel[(rows, 2)](
-        q, key, cent, st["phi"], st["codes"], st["ihist"], st["ihistn"], st["lvl"], st["lut"], st["bkt"], st["mark"],
-        st["ready"], sl, ln, w, H * D, D, H_kv * Sk * D, Sk * D, D,
-        H, H // H_kv, M, 1 << bits, bits, D // M, S, n_old, st["cap"], st["capc"], cfg["sink"], cfg["window"],
-        cfg["heavy"], cfg["init_offset"], st["metric_ip"], fill, MP=mp, TILE=tile, PDL=0, **INDEX_FIXED, num_warps=4)
+    with reversed_grid() if mode == 2 else contextlib.nullcontext():
+        pq_index_kernel[(rows, 2)](
+            q, key, cent, st["phi"], st["codes"], st["ihist"], st["ihistn"], st["lvl"], st["lut"], st["bkt"],
+            st["mark"], st["ready"], sl, ln, w, H * D, D, H_kv * Sk * D, Sk * D, D,
+            H, H // H_kv, M, 1 << bits, bits, D // M, S, n_old, st["cap"], st["capc"], cfg["sink"], cfg["window"],
+            cfg["heavy"], cfg["init_offset"], st["metric_ip"], fill, MP=mp, TILE=tile, PDL=0, **INDEX_FIXED,
+            num_warps=4)
     assert not st["mark"].a.any(), "pq_index left its start marks non-zero"
     assert not st["ready"].a.any(), "pq_index left a ready flag non-zero"
     return sl.a, ln.a, w.a
@@ -353,13 +380,14 @@ def main():
             # (M <= 2; its own histogram and buckets); the same persistent codes
             split = i % 3 == 1 and split_applies(S, cfg)
             index = i % 3 == 2 and M <= 2
-            # indexed launches alternate: pq_wfill + pq_index, pq_index with companion fill
-            fill = indexed % 2
+            # indexed launches rotate: pq_wfill + pq_index, pq_index with companion fill
+            # (companion first, then the grid reversed: row CTA first)
+            mode = indexed % 3
             if index:
-                out = run_index(st, S, n_old, cfg, tile, mp, fill)
+                out = run_index(st, S, n_old, cfg, tile, mp, mode)
             else:
                 out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
-            tag = " (split)" if split else f" (indexed{', companion fill' if fill else ''})" if index else ""
+            tag = " (split)" if split else f" (indexed{INDEX_MODES[mode]})" if index else ""
             check(st, S, n_old, cfg, out, f"{name} step {i} S={S}{tag}")
             splits += split
             indexed += index
@@ -379,8 +407,8 @@ def main():
                 assert w0 <= n_old, name
                 if np.all(st["ihistn"].a < w0):  # a key joins (not the replay)
                     give_best_combination(st, w0 - 1)
-                check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, indexed % 2),
-                      f"{name} decode S={S} (indexed)")
+                check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, indexed % 3),
+                      f"{name} decode S={S} (indexed{INDEX_MODES[indexed % 3]})")
                 assert np.all(st["ihistn"].a == w0), f"{name}: ihistn {st['ihistn'].a} != w0 {w0}"
                 indexed += 1
                 launches += 1
@@ -394,12 +422,12 @@ def main():
         splits += split
         launches += 1
         if M <= 2:  # the indexed path after the reset too: buckets refilled from scratch
-            check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, 1),
-                  f"{name} after reset (indexed, companion fill)")
+            check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, 2),
+                  f"{name} after reset (indexed{INDEX_MODES[2]})")
             indexed += 1
             launches += 1
         print(f"  {name}: {launches} launches ok ({splits} split: pq_thresh + pq_emit, {indexed} indexed: "
-              "pq_wfill + pq_index or pq_index with companion fill)")
+              "pq_wfill + pq_index or pq_index with companion fill, in both CTA orders)")
     print("interp_check: ok")
     return 0
 

@@ -288,8 +288,12 @@ def _combos(codes_ptr, bg, M, bits, cap, jd, jm, MP: tl.constexpr):
 @triton.jit
 def _hist_move(codes_ptr, hist_row, histn_ptr, r, bg, M, bits, cap, w0, MP: tl.constexpr, DT: tl.constexpr):
     """Move row ``r``'s combination histogram from the keys ``j < histn[r]`` it counts
-    to the candidates ``j < w0`` (atomics), and set ``histn[r] = w0``."""
+    to the candidates ``j < w0`` (atomics), and set ``histn[r] = w0``. A CTA barrier
+    orders every thread's read of ``histn[r]`` before the store: without it a warp that
+    finished its share of the move could set ``histn[r] = w0`` before a slower warp read
+    it, and that warp would skip its keys (a miscount that depends on warp timing)."""
     hn = tl.load(histn_ptr + r)
+    tl.debug_barrier()
     lo = tl.minimum(hn, w0)
     hi = tl.maximum(hn, w0)
     sign = tl.where(hn < w0, 1, -1)

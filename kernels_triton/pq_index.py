@@ -13,13 +13,14 @@ argument): with ``fill = 0``, ``pq_wfill_kernel`` (sm_90: PDL=1) over every SM, 
 ``pq_index_kernel``, launched as its programmatic dependent, start at once (the row CTAs
 write their heavy ones after ``griddepcontrol.wait``), or on sm_80 (PDL=0, no
 ``pq_wfill``) each row CTA its own row first; with ``fill = 1`` (one launch, no PDL
-attribute) each row's companion CTA, which releases a ready flag the row CTA acquires
-before its heavy ones.
+attribute) each row's companion CTA. Then the row CTA and its companion each arrive once
+on ``ready[r]`` (an acq_rel counter) when done, and the second to arrive writes the ones
+of ``sparse_list[r]`` over the companion's zeros (``_ones_if_last``). No CTA ever waits
+for another CTA of the launch: the step is correct under any CTA schedule.
 
 ``pq_index_kernel``, grid ``(B*H, 2)``. The companion CTA (``(r, 1)``, or ``(r, 0)``
-with ``fill``: a lower block index than the row's, so it starts first): with ``fill``,
-row ``r``'s weights then ``ready[r] = 1``; then the new keys' codes as in ``pq_hist``.
-The row CTA:
+with ``fill``): with ``fill``, row ``r``'s weights and its arrival; then the new keys'
+codes as in ``pq_hist``. The row CTA:
 
 1. (PDL=0 without ``fill``) writes row ``r``'s ``weight_list`` (1 in the sink and the
    window, else 0);
@@ -59,12 +60,13 @@ from pq_hist import (DTYPES, FIXED as HIST_FIXED, INTERPRETED, _combo_scores, _c
 
 
 @triton.jit
-def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w0, CAPC, MP: tl.constexpr,
+def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, hn, bg, M, bits, cap, w0, CAPC, MP: tl.constexpr,
                  DT: tl.constexpr, NC: tl.constexpr):
-    """Move row ``r``'s histogram to the candidates ``j < w0`` and file each joining key in
-    its combination's bucket (slot = the count before it joined); recount from zero when
-    keys would leave (``w0 < histn[r]``: never in a decode loop)."""
-    hn = tl.load(histn_ptr + r)
+    """Move row ``r``'s histogram from the keys ``j < hn`` it counts to the candidates ``j <
+    w0`` and file each joining key in its combination's bucket (slot = the count before it
+    joined); recount from zero when keys would leave (``w0 < hn``: never in a decode loop).
+    ``hn`` is ``histn[r]`` as every thread read it before a CTA barrier: a thread that
+    re-read it here could see the ``w0`` a faster warp already stored and skip its keys."""
     if hn > w0:
         tl.store(hist_row + tl.arange(0, NC), tl.zeros([NC], tl.int32))
         tl.debug_barrier()
@@ -197,16 +199,35 @@ def _select_cut(cnt, s, w0, need, TP: tl.constexpr, CUTS: tl.constexpr):
 
 
 @triton.jit
-def _weights_ready(ready_ptr, r, fill, PDL: tl.constexpr):
-    """Wait until row ``r``'s zeros are written, before its heavy ones go over them: by
-    ``pq_wfill`` (PDL=1, launched as its primary: ``griddepcontrol.wait``) or by the row's
-    companion CTA (``fill``: it releases ``ready[r] = 1`` after them; acquired here)."""
+def _zeros_written(PDL: tl.constexpr):
+    """With PDL=1, wait until ``pq_wfill`` (launched as this grid's primary) has written
+    every weight, before the row's heavy ones go over them (``griddepcontrol.wait``: the
+    primary grid has completed and its stores are visible; every primary CTA was running
+    before this grid started, so the wait always ends). Without PDL nothing to wait for:
+    the row CTA wrote its own zeros (before a CTA barrier), or its companion CTA writes them
+    and ``_ones_if_last`` repairs the ones."""
     if PDL:
         gdc_wait()
-    if fill != 0:
-        seen = tl.atomic_add(ready_ptr + r, 0, sem="acquire", scope="gpu")
-        while seen == 0:
-            seen = tl.atomic_add(ready_ptr + r, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _ones_if_last(ready_ptr, r, sl_row, w_row, total, FT: tl.constexpr):
+    """Companion fill (``fill = 1``): the row CTA (``sparse_list`` row written) and its
+    companion CTA (zeros and sink / window ones written) each arrive here once; the second
+    to arrive writes a one at every position of ``sparse_list[r, :total]``, over whatever
+    zero the companion wrote at a heavy position, and resets ``ready[r]``. No CTA waits
+    for another, so the answer holds under any CTA schedule (the arrival is acq_rel at
+    GPU scope, after a CTA barrier: the first CTA's stores are visible to the second)."""
+    tl.debug_barrier()  # every thread's stores before the arrival
+    arrived = tl.atomic_add(ready_ptr + r, 1, sem="acq_rel", scope="gpu")
+    if arrived == 1:
+        q = tl.arange(0, FT)
+        one = tl.full([FT], 1.0, tl.float32).to(w_row.dtype.element_ty)
+        for p0 in range(0, total, FT):
+            p = p0 + q
+            pos = tl.load(sl_row + p, mask=p < total, other=0, cache_modifier=".cg")
+            tl.store(w_row + pos, one, mask=p < total)
+        tl.store(ready_ptr + r, 0)  # left zero for the next launch
 
 
 @triton.jit
@@ -239,7 +260,7 @@ def _gather_slots(selc, tot, s, bkt_row, mark_row, CAPC, NC: tl.constexpr, TP: t
 
 @triton.jit
 def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, sl_row, w_row, k,
-                 s_sink, init_offset, CAPC, ready_ptr, r, fill, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
+                 s_sink, init_offset, CAPC, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
     """Step 4's gather (see the module docstring) where ``common``; returns whether it ran
     (not when the taken combinations do not fit: a bucket over CAPC, more than TP keys)."""
     selc = tl.where((s >= t_maybe) & (cnt > 0), cnt, 0)
@@ -256,27 +277,27 @@ def _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_row, sl_ro
         rank = tl.cumsum(kk, axis=0) - kk
         pos = (key >> 1) + init_offset
         tl.store(sl_row + s_sink + rank, pos.to(tl.int64), mask=kk != 0)
-        _weights_ready(ready_ptr, r, fill, PDL)
+        _zeros_written(PDL)
         tl.store(w_row + pos, tl.full([TP], 1.0, tl.float32).to(w_row.dtype.element_ty), mask=kk != 0)
         tl.store(mark_row + t, tl.zeros([TP], tl.int32))
     return fits
 
 
 @triton.jit
-def _emit_best(best, i, need, init_offset, sl_row, s_sink, w_row, ready_ptr, r, fill, PDL: tl.constexpr):
+def _emit_best(best, i, need, init_offset, sl_row, s_sink, w_row, PDL: tl.constexpr):
     """The first ``need`` of ``best`` (keys best first, the position in the low 32 bits;
     ``i``: their indices) sorted by position into ``sparse_list[s_sink ..]``, and their
     ones into ``weight_list`` (after the row's zeros are written)."""
     take = i < need
     pos = tl.sort(tl.where(take, (best & 0xFFFFFFFF).to(tl.int32), 0x7FFFFFFF)) + init_offset
     tl.store(sl_row + s_sink + i, pos.to(tl.int64), mask=take)
-    _weights_ready(ready_ptr, r, fill, PDL)
+    _zeros_written(PDL)
     tl.store(w_row + pos, tl.full(pos.shape, 1.0, tl.float32).to(w_row.dtype.element_ty), mask=take)
 
 
 @triton.jit
 def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, sl_row, w_row, s_sink, init_offset,
-                   CAPC, ready_ptr, r, fill, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
+                   CAPC, NC: tl.constexpr, TP: tl.constexpr, PDL: tl.constexpr):
     """The heavy keys when the candidates scoring ``>= lo`` are ``tot`` (``need <= tot <=
     TP``) and no bucket overflowed: gathers them all (slots from one prefix sum over the
     combinations, each slot's combination from a running max over start marks in
@@ -294,10 +315,9 @@ def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, sl_row, w_row, s_si
     key = tl.where(valid, (nb.to(tl.int64) << 32) | jj.to(tl.int64), 0x7FFFFFFFFFFFFFFF)
     if need <= TP // 2:
         # the TP/2 smallest keys by a bitonic top-k of the complements (largest first)
-        _emit_best(~tl.topk(~key, TP // 2), tl.arange(0, TP // 2), need, init_offset, sl_row, s_sink, w_row,
-                   ready_ptr, r, fill, PDL)
+        _emit_best(~tl.topk(~key, TP // 2), tl.arange(0, TP // 2), need, init_offset, sl_row, s_sink, w_row, PDL)
     else:
-        _emit_best(tl.sort(key), t, need, init_offset, sl_row, s_sink, w_row, ready_ptr, r, fill, PDL)
+        _emit_best(tl.sort(key), t, need, init_offset, sl_row, s_sink, w_row, PDL)
     tl.store(mark_row + t, tl.zeros([TP], tl.int32))
 
 
@@ -362,12 +382,13 @@ def pq_index_kernel(
     s_win = tl.minimum(window, S)
     ws = S - s_win
     w_row = w_ptr + r64 * S
+    total = s_sink + k + s_win
+    sl_row = sl_ptr + r64 * total
     if tl.program_id(1) == 1 - fill:
         # the row's companion: (fill) its weights, then the KV group's new keys
         if fill != 0:
             _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
-            tl.debug_barrier()  # every thread's zeros before the release
-            tl.atomic_xchg(ready_ptr + r, 1, sem="release", scope="gpu")
+            _ones_if_last(ready_ptr, r, sl_row, w_row, total, FT)
         _quantize_cta(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, h, g, bg, G, k_sb, k_sh, k_ss, M, K, d_s, d_c, n_old, n,
                       cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
     else:
@@ -398,7 +419,7 @@ def pq_index_kernel(
         # see them)
         tl.debug_barrier()
         # 2-3. histogram and buckets, lookup table, threshold
-        _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, bg, M, bits, cap, w0, CAPC, MP, DT, NC)
+        _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, hn, bg, M, bits, cap, w0, CAPC, MP, DT, NC)
         t1 = _stamp(TIMER)
         if fast:
             if one:
@@ -415,22 +436,20 @@ def pq_index_kernel(
             t2 = _stamp(TIMER)
             cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
         t3 = _stamp(TIMER)
-        total = s_sink + k + s_win
-        sl_row = sl_ptr + r64 * total
         common = (init_offset >= s_sink) & (w0 >= k)
         need = tl.minimum(k, w0)
         lo, tot, big = _select_cut(cnt, s, w0, need, TP, CUTS)
         t4 = _stamp(TIMER)
         if common & (tot <= TP) & (big <= CAPC):
             _gather_select(cnt, s, lo, tot, need, bkt_row, mark_ptr + r64 * TP, sl_row, w_row,
-                           s_sink, init_offset, CAPC, ready_ptr, r, fill, NC, TP, PDL)
+                           s_sink, init_offset, CAPC, NC, TP, PDL)
             done = tot <= TP
             t_sure = lo  # unused: the pass over the codes below runs only in the other branch
             t_maybe = lo
         else:
             t_sure, t_maybe, need = _rounds(cnt, s, need, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
             done = _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_ptr + r64 * TP, sl_row,
-                                w_row, k, s_sink, init_offset, CAPC, ready_ptr, r, fill, NC, TP, PDL)
+                                w_row, k, s_sink, init_offset, CAPC, NC, TP, PDL)
         if done:
             q = tl.arange(0, FT)
             tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
@@ -439,12 +458,12 @@ def pq_index_kernel(
                 tl.store(sl_row + s_sink + k + p, (ws + p).to(tl.int64), mask=p < s_win)
         else:
             # pq_hist's emit: one pass over the row's codes
-            _weights_ready(ready_ptr, r, fill, PDL)
+            _zeros_written(PDL)
             _row_pass(codes_ptr + bg * M * cap, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset,
                       t_sure, t_maybe, need, MP, TILE)
         tl.store(len_ptr + r64, total.to(tl.int64))
         if fill != 0:
-            tl.store(ready_ptr + r, 0)  # acquired above: left zero for the next launch
+            _ones_if_last(ready_ptr, r, sl_row, w_row, total, FT)
         t5 = _stamp(TIMER)
         if TIMER:
             _store_stamps(lut_ptr, r64, M, K, t0, t1, t2, t3, t4, t5)
