@@ -5,8 +5,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use tritonrt::artifact::{
-    import_triton_cache_entry, manifest_to_bytes, parse_manifest, ptx_header, sha256_hex, ArgType,
-    ArtifactStore, Dtype, Manifest, PtxVersion, SignatureSource,
+    import_triton_cache_entry, manifest_to_bytes, parse_manifest, partition_for_device, ptx_header,
+    sha256_hex, ArgType, ArtifactStore, Dtype, Manifest, PtxVersion, SignatureSource,
 };
 use tritonrt::Error;
 
@@ -263,6 +263,32 @@ fn lookups_and_device_selection() {
     assert!(e.contains("axpy_kernel.bogus") && e.contains(SM90), "{e}");
     assert!(s.variant(SM90).unwrap().cubin_matches((9, 0)));
     assert!(!s.variant(SM90).unwrap().cubin_matches((10, 0)));
+}
+
+/// What `tritonrt warmup` loads: on 9.0 only the sm_90a variant (the sm_80 PTX is never
+/// chosen there), unless `all`; elsewhere the sm_80 PTX; nothing on 7.5.
+#[test]
+fn warmup_loads_only_what_the_runtime_can_choose() {
+    let s = ArtifactStore::open(fixtures().join("ptx_cache")).unwrap();
+    let ids = |v: Vec<&tritonrt::artifact::Variant>| -> Vec<String> {
+        let mut ids: Vec<String> = v.iter().map(|v| v.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    let (load, skip) = partition_for_device(s.all_variants(), (9, 0), false);
+    assert_eq!(ids(load), vec![SM90.to_string()]);
+    assert_eq!(ids(skip), vec![SM80.to_string()]);
+    let (load, skip) = partition_for_device(s.all_variants(), (9, 0), true);
+    assert_eq!(ids(load), vec![SM80.to_string(), SM90.to_string()]);
+    assert!(skip.is_empty());
+    for cc in [(8, 0), (8, 9), (10, 0)] {
+        let (load, skip) = partition_for_device(s.all_variants(), cc, false);
+        assert_eq!(ids(load), vec![SM80.to_string()], "{cc:?}");
+        assert_eq!(ids(skip), vec![SM90.to_string()], "{cc:?}");
+    }
+    let (load, skip) = partition_for_device(s.all_variants(), (7, 5), true);
+    assert!(load.is_empty());
+    assert_eq!(skip.len(), 2);
 }
 
 #[test]

@@ -243,6 +243,22 @@ impl ArtifactStore {
     }
 }
 
+/// The variants to load ahead (`tritonrt warmup`) on a GPU of compute capability `cc`, and those it
+/// skips: with `all`, every variant usable there; else, per kernel, only the variants of
+/// the newest arch usable there (the runtime's default and every tuning candidate come
+/// from that arch, so an older arch's PTX is never loaded where a native variant exists).
+pub fn partition_for_device(variants: &[Variant], cc: (u32, u32), all: bool) -> (Vec<&Variant>, Vec<&Variant>) {
+    let mut best: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    for v in variants.iter().filter(|v| v.usable_on(cc)) {
+        let b = best.entry(v.kernel.as_str()).or_insert(v.arch);
+        *b = (*b).max(v.arch);
+    }
+    variants
+        .iter()
+        .partition(|v| v.usable_on(cc) && (all || best.get(v.kernel.as_str()) == Some(&v.arch)))
+}
+
+
 /// Parse and validate manifest bytes (see [`ArtifactStore::open`]); `path` is only used
 /// in messages.
 pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<Manifest> {

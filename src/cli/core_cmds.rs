@@ -6,11 +6,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::artifact::{import_triton_cache_entry, ArtifactStore, SignatureSource, Variant};
+use tritonrt::artifact::{
+    import_triton_cache_entry, partition_for_device, ArtifactStore, SignatureSource, Variant,
+};
 use crate::cli::{EXIT_CHECK_FAILED, EXIT_OK};
-use crate::device::Device;
-use crate::jit::{BuiltCubin, CacheOutcome, CubinCache};
-use crate::kernel::Kernel;
+use tritonrt::device::Device;
+use tritonrt::jit::{BuiltCubin, CacheOutcome, CubinCache};
+use tritonrt::kernel::Kernel;
 
 /// The crate's own `ptx_cache/` (the default of `--ptx-cache`).
 pub const DEFAULT_PTX_CACHE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache");
@@ -23,9 +25,11 @@ pub struct PtxCacheArg {
     pub ptx_cache: PathBuf,
 }
 
-/// Arguments of `tritonrt warmup`: load (and JIT where needed) every artifact usable on
-/// the present GPU into the user cubin cache (`$TRITONRT_CACHE_DIR`, else
-/// `~/.cache/tritonrt`), printing cold (JIT) and warm (cached cubin) load times.
+/// Arguments of `tritonrt warmup`: load every variant the runtime can choose on the
+/// present GPU (for each kernel, the variants of the newest arch this GPU runs: native
+/// cubins where the ptx_cache has them, else PTX JIT-compiled into the user cubin cache,
+/// `$TRITONRT_CACHE_DIR` or `~/.cache/tritonrt`), on all CPU cores, printing each one's
+/// cold (JIT) and warm (cached cubin) load time.
 #[derive(Debug, clap::Args)]
 pub struct WarmupArgs {
     #[command(flatten)]
@@ -33,10 +37,17 @@ pub struct WarmupArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Load every variant usable on this GPU, also those of older archs that the runtime
+    /// never picks here (an sm_80 PTX on an sm_90 GPU that has its own variant).
+    #[arg(long)]
+    all: bool,
     /// Also time a cold PTX JIT for variants that are already cached or have a cubin
     /// (the extra JIT output is discarded).
     #[arg(long)]
     cold: bool,
+    /// Worker threads for the loads and JIT compilations (default: every CPU core).
+    #[arg(long, value_name = "N")]
+    jobs: Option<usize>,
 }
 
 /// Arguments of `tritonrt inspect`: list the variants of a ptx_cache with their launch
@@ -98,24 +109,44 @@ pub fn warmup(a: WarmupArgs) -> anyhow::Result<i32> {
         device.ptx_isa_max(),
         cache.dir().display()
     );
-    let (usable, skipped): (Vec<&Variant>, Vec<&Variant>) =
-        store.all_variants().iter().partition(|v| v.usable_on(cc));
+    let (usable, skipped) = partition_for_device(store.all_variants(), cc, a.all);
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, usable.len().max(1));
     let pb = indicatif::ProgressBar::new(usable.len() as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {wide_msg}")
-            .expect("valid template"),
-    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {wide_msg}") {
+        pb.set_style(style);
+    }
+    // a queue of variants shared by `jobs` workers; each result keeps its variant's index
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::with_capacity(usable.len()));
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(v) = usable.get(i) else { break };
+                pb.set_message(v.id.clone());
+                let r = warm_one(&device, &store, &cache, v, a.cold);
+                results
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((i, r));
+                pb.inc(1);
+            });
+        }
+    });
+    pb.finish_and_clear();
+    let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    results.sort_by_key(|(i, _)| *i);
     let mut rows = Vec::new();
     let mut failures = Vec::new();
-    for v in &usable {
-        pb.set_message(v.id.clone());
-        match warm_one(&device, &store, &cache, v, a.cold) {
+    for (i, r) in results {
+        match r {
             Ok(r) => rows.push(r),
-            Err(e) => failures.push((v.id.clone(), e)),
+            Err(e) => failures.push((usable[i].id.clone(), e)),
         }
-        pb.inc(1);
     }
-    pb.finish_and_clear();
 
     let w = rows.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
     println!(
@@ -136,10 +167,15 @@ pub fn warmup(a: WarmupArgs) -> anyhow::Result<i32> {
         );
     }
     println!(
-        "{} loaded, {} failed, {} skipped (other arch); total cold {} ms, warm {} ms",
+        "{} loaded ({jobs} threads), {} failed, {} skipped ({}); total cold {} ms, warm {} ms",
         rows.len(),
         failures.len(),
         skipped.len(),
+        if a.all {
+            "not usable on this GPU"
+        } else {
+            "not chosen on this GPU; --all loads the usable ones too"
+        },
         ms(cold_total),
         ms(warm_total)
     );
@@ -163,7 +199,7 @@ fn warm_one(
     cache: &CubinCache,
     v: &Variant,
     force_cold: bool,
-) -> crate::Result<WarmRow> {
+) -> tritonrt::Result<WarmRow> {
     let built = cache.get_or_build(device, store, v)?;
     let first = Kernel::load(device, v, &built)?;
     let first_total = first.load_info().total();
@@ -178,7 +214,7 @@ fn warm_one(
         let out = device
             .jit_ptx(&ptx, &v.ptx.file, cache.options().opt_level)
             .map_err(|f| {
-                crate::Error::invalid(format!("JIT of {}", v.id), format!("{}: {}", f.code, f.log))
+                tritonrt::Error::invalid(format!("JIT of {}", v.id), format!("{}: {}", f.code, f.log))
             })?;
         let jit_built = BuiltCubin {
             cubin: out.cubin,
