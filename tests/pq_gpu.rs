@@ -558,3 +558,130 @@ fn gpu_split_path_decode_loop() {
     eprintln!("split decode loop S={s0}..={s1}: [{report}]");
     assert!(report.passed(), "split decode loop: {report}");
 }
+
+/// Every select path gives the right answer while another stream keeps the SMs busy, so
+/// the step's CTAs start late, staggered and in another order than on an idle GPU.
+///
+/// The busy work is `pq_wfill` over a 1 GiB buffer on a second stream (a persistent grid
+/// of 1, 4 or 16 CTAs per SM: at 16 every SM is full and the step's CTAs get an SM only as
+/// busy CTAs exit), queued three deep just before each step; the step then runs with
+/// plain launches and as a graph replay, on fresh random inputs, each checked against the
+/// CPU reference by the spec's rule. Shapes: the reference workload and S = 6000 with 8
+/// heads over 8 and over 2 KV heads (where the indexed path once returned wrong heavy
+/// sets when CTAs were scheduled differently).
+#[test]
+fn gpu_paths_correct_beside_a_busy_stream() {
+    use cudarc::driver::DevicePtr;
+    use tritonrt::kernel::KernelArg;
+    let Some(rt) = runtime() else { return };
+    let seed = seed();
+    let busy = match rt.default_kernel("pq_wfill.w_fp32") {
+        Ok(k) => k,
+        Err(e) => {
+            skip!("no pq_wfill on this GPU's arch to keep the SMs busy: {e}");
+            return;
+        }
+    };
+    let busy_stream = rt.device().new_stream().expect("stream");
+    let (rows, cols) = (1usize << 14, 1usize << 14); // 2^28 f32 elements, 1 GiB
+    let buf = busy_stream
+        .alloc_zeros::<f32>(rows * cols)
+        .expect("1 GiB busy buffer");
+    let (busy_ptr, _sync) = buf.device_ptr(&busy_stream);
+    let sms = rt.device().sm_count();
+    let cfg = base();
+    let shapes = [
+        sh(1, 32, 32, 32000, 128),
+        sh(1, 8, 8, 6000, 128),
+        sh(1, 8, 2, 6000, 128),
+    ];
+    let paths = [
+        SelectPath::Chunked,
+        SelectPath::Hist,
+        SelectPath::Split,
+        SelectPath::IndexWfill,
+        SelectPath::IndexCompanion,
+    ];
+    let (mut runs, mut failures) = (0usize, Vec::new());
+    for (si, &shape) in shapes.iter().enumerate() {
+        for (pi, &path) in paths.iter().enumerate() {
+            for (fi, per_sm) in [1u32, 4, 16].into_iter().enumerate() {
+                let s = seed.wrapping_add((si * 100 + pi * 10 + fi) as u64 * 7919);
+                let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
+                let inputs = PqInputs::random(&cfg, shape, n_cached, s).expect("inputs");
+                let stream = rt.device().new_stream().expect("stream");
+                let mut ix = GpuIndexer::new(
+                    rt.clone(),
+                    stream.clone(),
+                    cfg,
+                    shape,
+                    &inputs.centroids,
+                    None,
+                    None,
+                )
+                .expect("indexer");
+                ix.set_select_path(path);
+                ix.import_codes(&inputs.codes, n_cached).expect("import");
+                let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+                ix.prepare(shape.s).expect("prepare");
+                for mode in [LaunchMode::Launch, LaunchMode::Graph] {
+                    ix.rewind(n_cached);
+                    ix.poison_outputs().expect("poison");
+                    ix.synchronize().expect("sync");
+                    for _ in 0..3 {
+                        let args = [
+                            KernelArg::Ptr(busy_ptr),
+                            KernelArg::I32(rows as i32),
+                            KernelArg::I32(cols as i32),
+                            KernelArg::I32(1),
+                            KernelArg::I32(1),
+                        ];
+                        // SAFETY: pq_wfill writes elements 0 .. rows * cols of the
+                        // buffer, which holds exactly that many f32 and outlives the
+                        // launch (synchronized below); nothing else touches it.
+                        unsafe { busy.launch(&busy_stream, [sms * per_sm, 1, 1], &args) }
+                            .expect("busy launch");
+                    }
+                    let info = ix
+                        .step(dev.query(), dev.key(), shape.s, mode)
+                        .expect("step");
+                    ix.synchronize().expect("sync");
+                    busy_stream.synchronize().expect("busy sync");
+                    let report = check(&cfg, &inputs, &ix.download().expect("download"));
+                    runs += 1;
+                    let ok = report.passed();
+                    eprintln!(
+                        "{} {path:?} B={} H={} H_kv={} S={} busy {per_sm} CTAs/SM {mode:?} ({}): [{report}]",
+                        if ok { "ok  " } else { "FAIL" },
+                        shape.b,
+                        shape.h,
+                        shape.h_kv,
+                        shape.s,
+                        ran(&info),
+                    );
+                    if !ok {
+                        failures.push(format!("{path:?} {shape:?} {per_sm}/SM {mode:?}"));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} passed, {} failed (select paths beside a busy stream)",
+        runs - failures.len(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "failed: {failures:?}");
+}
+
+/// Which select kernels a step ran, for the logs.
+fn ran(i: &StepInfo) -> &'static str {
+    match (i.short, i.index, i.companion, i.split, i.hist) {
+        (true, ..) => "short",
+        (_, true, true, ..) => "pq_index, companion fill",
+        (_, true, false, ..) => "pq_wfill + pq_index",
+        (_, _, _, true, _) => "pq_thresh + pq_emit",
+        (_, _, _, _, true) => "pq_hist",
+        _ => "pq_select",
+    }
+}
