@@ -186,6 +186,17 @@ impl Device {
         // free while another stream uses a buffer) are stated on `Kernel::launch`, the
         // only place this crate hands device memory to the GPU.
         unsafe { ctx.disable_event_tracking() };
+        Device::from_context(ctx)
+    }
+
+    /// A device on a context the caller owns (an engine's `Arc<CudaContext>`, as candle
+    /// holds it): kernels load, allocate and launch in that context; it is only borrowed
+    /// (dropping this `Device` drops one `Arc`, never the context) and its settings, such
+    /// as cudarc's per-use event tracking, are left as the caller set them.
+    ///
+    /// Errors: [`Error::Driver`] when a device attribute cannot be queried.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Arc<Device>> {
+        let ordinal = ctx.ordinal();
         let op = |what: &str| format!("querying {what} of device {ordinal}");
         let name = ctx.name().map_err(|e| driver_err(op("the name"), e))?;
         let (maj, min) = ctx
@@ -193,7 +204,7 @@ impl Device {
             .map_err(|e| driver_err(op("the compute capability"), e))?;
         let mut driver_version = 0i32;
         // SAFETY: cuDriverGetVersion writes one int through a valid pointer; the driver
-        // is initialized (CudaContext::new called cuInit).
+        // is initialized (a CudaContext exists, so cuInit ran).
         unsafe { sys::cuDriverGetVersion(&mut driver_version) }
             .result()
             .map_err(|e| driver_err("querying the driver version", e))?;

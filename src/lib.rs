@@ -9,7 +9,6 @@
 #![warn(missing_docs)]
 
 pub mod artifact;
-pub mod cli;
 pub mod device;
 pub mod error;
 pub mod jit;

@@ -1,5 +1,8 @@
-//! The `tritonrt` binary: a thin wrapper around [`tritonrt::cli`].
+//! The `tritonrt` binary (feature `cli`): parsing and subcommands live in [`cli`]; the
+//! work is done by the `tritonrt` library.
+
+mod cli;
 
 fn main() {
-    std::process::exit(tritonrt::cli::main());
+    std::process::exit(cli::main());
 }

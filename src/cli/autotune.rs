@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::{EXIT_ERROR, EXIT_OK};
-use crate::tune::{self, GpuRequest, TuneSettings, TuningTable, Workload};
+use tritonrt::tune::{self, GpuRequest, TuneSettings, TuningTable, Workload};
 
 /// Arguments of `tritonrt autotune`.
 #[derive(Debug, clap::Args)]

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
-use crate::pq::gpu::{self, BenchResult};
-use crate::pq::{PqConfig, PqInputs, Shape, Workload};
+use tritonrt::pq::gpu::{self, BenchResult};
+use tritonrt::pq::{PqConfig, PqInputs, Shape, Workload};
 
 macro_rules! say {
     ($($arg:tt)*) => {{
@@ -121,7 +121,7 @@ fn save_inputs(path: &std::path::Path, cfg: &PqConfig, inputs: &PqInputs) -> any
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     let bytes = safetensors::serialize(tensors, Some(meta))?;
-    crate::pq::io::write_atomic(path, &bytes)?;
+    tritonrt::pq::io::write_atomic(path, &bytes)?;
     Ok(())
 }
 
@@ -168,7 +168,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             let p = dir.join(format!("bench_S{s}.safetensors"));
             save_inputs(&p, &cfg, &inputs).with_context(|| format!("writing {}", p.display()))?;
         }
-        let tuned = crate::tune::gpu::tuned_select_variant(&rt, &cfg, &shape);
+        let tuned = tritonrt::tune::gpu::tuned_select_variant(&rt, &cfg, &shape);
         let r = gpu::bench_shape(&rt, &cfg, &inputs, tuned.as_deref(), a.steps)
             .with_context(|| format!("benchmarking S={s}"))?;
         results.push(r);
@@ -226,7 +226,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     say!("(us: medians per step; wall = host timer around step + synchronize; gpu = CUDA events; floor = bytes / copy bandwidth)");
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(&json)? + "\n";
-        crate::pq::io::write_atomic(path, text.as_bytes())
+        tritonrt::pq::io::write_atomic(path, text.as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
         say!("results written to {}", path.display());
     }

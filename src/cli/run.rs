@@ -11,8 +11,8 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::{EXIT_CHECK_FAILED, EXIT_OK};
-use crate::pq::check::{check_with, CheckMode, CheckOptions};
-use crate::pq::{
+use tritonrt::pq::check::{check_with, CheckMode, CheckOptions};
+use tritonrt::pq::{
     self, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput, Shape, Workload,
 };
 
@@ -130,16 +130,9 @@ pub struct RunArgs {
     /// `tritonrt inspect`).
     #[arg(long, value_name = "ID", help_heading = "Backend")]
     pub select_variant: Option<String>,
-    /// Select kernel: `auto` (the indexed histogram path where it is built, else the
-    /// split one for < 64 rows of >= 16384 keys, pq_hist for >= 64 rows of >= 32768 keys,
-    /// else pq_select; where they apply), `chunked` (always pq_select), `hist` (pq_hist, one launch,
-    /// wherever it applies: K^M <= 4096, M <= 4), `split` (pq_thresh + pq_emit wherever
-    /// they apply, else as `hist`), `index` (pq_index: keys gathered from per-combination
-    /// buckets; M <= 2, one dtype; else as `split`; weights by each row's companion CTA
-    /// in one launch for few rows of few keys, else by pq_wfill), `index-companion` or
-    /// `index-wfill` (`index` with that weight writer always).
-    #[arg(long, value_enum, default_value_t = pq::gpu::SelectPath::Auto, help_heading = "Backend")]
-    pub select_path: pq::gpu::SelectPath,
+    /// Select kernels of a step (the values name the kernels; `auto` picks per shape).
+    #[arg(long, value_enum, default_value_t = SelectPathArg::Auto, help_heading = "Backend")]
+    pub select_path: SelectPathArg,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -234,14 +227,14 @@ pub fn run_gpu(
     };
     let tuned = match &a.select_variant {
         Some(id) => Some(id.clone()),
-        None => crate::tune::gpu::tuned_select_variant(&rt, cfg, &inputs.shape),
+        None => tritonrt::tune::gpu::tuned_select_variant(&rt, cfg, &inputs.shape),
     };
     let ex = pq::gpu::execute_with_path(
         &rt,
         cfg,
         inputs,
         tuned.as_deref(),
-        a.select_path,
+        a.select_path.into(),
         a.steps,
         false,
     )
@@ -492,4 +485,44 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         say!("outputs written to {}", path.display());
     }
     Ok(if passed { EXIT_OK } else { EXIT_CHECK_FAILED })
+}
+
+/// `--select-path`: which select kernels a (non-short) step uses. ARCHITECTURE.md ("The
+/// decode step") says what each does and why `auto` picks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SelectPathArg {
+    /// Chosen per shape: the indexed path where it applies, else split or hist, else
+    /// chunked.
+    Auto,
+    /// `pq_select`: the top-k of each chunk of keys, merged by each row's last CTA.
+    Chunked,
+    /// `pq_hist`: one CTA per row, the threshold from the code-combination histogram,
+    /// then one pass over the row's codes (where K^M <= 4096, M <= 4; else chunked).
+    Hist,
+    /// `pq_thresh` + `pq_emit`: the threshold per row, then the emit over many CTAs per
+    /// row (where the heavy picks lie between sink and window; else hist).
+    Split,
+    /// `pq_index`: per-combination buckets of key positions, so the heavy keys are
+    /// gathered, not searched for (M <= 2, query dtype = weight dtype; else split); its
+    /// weights written as `auto` picks.
+    Index,
+    /// `pq_index` with each row's weights written by a second CTA of the same launch.
+    IndexCompanion,
+    /// `pq_wfill` writes the weights over every SM, then `pq_index`.
+    IndexWfill,
+}
+
+impl From<SelectPathArg> for pq::gpu::SelectPath {
+    fn from(a: SelectPathArg) -> Self {
+        use pq::gpu::SelectPath as P;
+        match a {
+            SelectPathArg::Auto => P::Auto,
+            SelectPathArg::Chunked => P::Chunked,
+            SelectPathArg::Hist => P::Hist,
+            SelectPathArg::Split => P::Split,
+            SelectPathArg::Index => P::Index,
+            SelectPathArg::IndexCompanion => P::IndexCompanion,
+            SelectPathArg::IndexWfill => P::IndexWfill,
+        }
+    }
 }

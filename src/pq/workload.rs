@@ -22,8 +22,11 @@
 //! whose codes differ from the right ones with probability about `1 - 1/K` per
 //! subvector, so the check still catches it.
 
+#[cfg(feature = "cli")]
 use rand::rngs::SmallRng;
+#[cfg(feature = "cli")]
 use rand::{Rng, RngCore, SeedableRng};
+#[cfg(feature = "cli")]
 use rand_distr::StandardNormal;
 
 use super::config::{DType, Metric, PqConfig, Shape};
@@ -101,6 +104,7 @@ pub struct PqInputs {
 }
 
 /// SplitMix64 finalizer: turns (seed, stream, chunk) into well-mixed RNG seeds.
+#[cfg(feature = "cli")]
 fn mix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -109,11 +113,13 @@ fn mix64(mut z: u64) -> u64 {
 }
 
 /// An RNG for one chunk of one tensor stream.
+#[cfg(feature = "cli")]
 fn chunk_rng(seed: u64, stream: u64, chunk: u64) -> SmallRng {
     SmallRng::seed_from_u64(mix64(mix64(seed ^ mix64(stream)) ^ chunk))
 }
 
 /// Fill `out` with standard-normal values rounded to `dtype`, in parallel chunks.
+#[cfg(feature = "cli")]
 fn fill_normal(out: &mut [f32], seed: u64, stream: u64, dtype: DType) {
     par_chunks_mut(out, GEN_CHUNK, |i, c| {
         let mut rng = chunk_rng(seed, stream, i as u64);
@@ -124,6 +130,7 @@ fn fill_normal(out: &mut [f32], seed: u64, stream: u64, dtype: DType) {
 }
 
 /// Fill `out` with uniform codes in `0..2^bits`, in parallel chunks.
+#[cfg(feature = "cli")]
 fn fill_codes(out: &mut [i64], seed: u64, stream: u64, bits: u32) {
     par_chunks_mut(out, GEN_CHUNK, |i, c| {
         let mut rng = chunk_rng(seed, stream, i as u64);
@@ -277,12 +284,14 @@ impl PqInputs {
     ///
     /// Deterministic in `(seed, cfg, shape, n_cached)`; parallel over all cores.
     /// Errors: an invalid config or `n_cached > max(0, S - init_offset)`.
+    #[cfg(feature = "cli")]
     pub fn random(cfg: &PqConfig, shape: Shape, n_cached: usize, seed: u64) -> Result<Self> {
         Self::random_with(cfg, shape, n_cached, seed, KeyFill::Auto)
     }
 
     /// [`PqInputs::random`] with an explicit key-fill policy. Rows that are filled hold
     /// the same values under every policy.
+    #[cfg(feature = "cli")]
     pub fn random_with(
         cfg: &PqConfig,
         shape: Shape,
@@ -364,6 +373,7 @@ impl PqInputs {
     /// and keys are exact in bf16 (integers up to 256) for `d_s <= 128` and `K <= 256`.
     /// Keys the step does not read follow [`KeyFill::Auto`] (0.0 beyond the limit).
     /// Errors: as [`PqInputs::random`].
+    #[cfg(feature = "cli")]
     pub fn small_integer(cfg: &PqConfig, shape: Shape, n_cached: usize, seed: u64) -> Result<Self> {
         cfg.validate(&shape)?;
         let Shape {
@@ -509,7 +519,7 @@ impl PqInputs {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::*;
 

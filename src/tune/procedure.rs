@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+#[cfg(feature = "cli")]
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::bucket::ShapeBucket;
@@ -294,6 +295,24 @@ pub fn compare_exact<T: PartialEq + std::fmt::Debug>(expected: &[T], got: &[T]) 
     }
 }
 
+/// Without the `cli` feature (no indicatif) the procedure shows no progress bar.
+#[cfg(not(feature = "cli"))]
+struct ProgressBar;
+
+#[cfg(not(feature = "cli"))]
+impl ProgressBar {
+    fn inc(&self, _: u64) {}
+    fn set_message(&self, _: String) {}
+    fn println(&self, _: String) {}
+    fn finish_and_clear(&self) {}
+}
+
+#[cfg(not(feature = "cli"))]
+fn progress_bar(_len: usize, _show: bool, _prefix: String) -> ProgressBar {
+    ProgressBar
+}
+
+#[cfg(feature = "cli")]
 fn progress_bar(len: usize, show: bool, prefix: String) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
