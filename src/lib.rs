@@ -10,6 +10,7 @@
 
 pub mod artifact;
 pub mod cli;
+pub mod devbuf;
 pub mod device;
 pub mod error;
 pub mod jit;
