@@ -99,9 +99,10 @@ class IndexStep:
     """The kernels tritonrt's indexed step runs (``pq_index``, and ``pq_wfill`` before it
     as its programmatic dependent where tritonrt launches one), through Triton's Python
     launcher, on the runtime's state layout; the fill choice and bucket capacity are the
-    Rust indexer's (src/pq/gpu.rs: companion fill when every CTA has an SM of its own and
-    a row's weights are at most 128 KiB; ``capc = 2 cdiv(cap, 4096) + 16``). Query dtype =
-    weight dtype and M <= 2 only (where tritonrt builds ``pq_index``)."""
+    Rust indexer's (src/pq/plan.rs: companion fill when every CTA has an SM of its own
+    and a row's weights are at most 128 KiB; src/pq/state.rs: ``capc = 2 cdiv(cap,
+    4096) + 16``). Query dtype = weight dtype and M <= 2 only (where tritonrt builds
+    ``pq_index``)."""
 
     COMPANION_FILL_MAX_BYTES = 128 * 1024
 

@@ -21,6 +21,7 @@ use cudarc::driver::{result as cu, sys, CudaStream};
 use parking_lot::{Mutex, RwLock};
 
 use crate::artifact::{Arg, ArgType, ArtifactStore, Dtype, Variant};
+use crate::devbuf::DevBuf;
 use crate::device::{driver_error_strings, Device, Module};
 use crate::error::{Error, Result};
 use crate::jit::{BuiltCubin, CacheOutcome, CodeOrigin, CubinCache};
@@ -312,27 +313,16 @@ impl LoadInfo {
     }
 }
 
-/// A device buffer owned by a kernel (scratch), freed in Kernel's Drop.
-#[derive(Debug)]
-struct DevBuf {
-    base: sys::CUdeviceptr,
-    bytes: u64,
-    align: u64,
-}
-
-impl DevBuf {
-    fn aligned(&self) -> u64 {
-        self.base.div_ceil(self.align) * self.align
-    }
-}
-
 /// Scratch buffers of one stream: reused by every launch on that stream (stream order
-/// keeps launches from overlapping), grown when a larger grid needs more.
+/// keeps launches from overlapping), grown when a larger grid needs more. The buffers are
+/// allocated on the context's default stream, so they hold no reference to `stream`
+/// (whose going away is how a dropped stream's scratch is found), and freed by
+/// `scratch_for` (dropped streams) or Kernel's Drop, each after a synchronization.
 #[derive(Debug)]
 struct StreamScratch {
     stream: Weak<CudaStream>,
-    global: Option<DevBuf>,
-    profile: Option<DevBuf>,
+    global: DevBuf<u8>,
+    profile: DevBuf<u8>,
 }
 
 /// A loaded kernel variant: its CUfunction, its manifest metadata, and an `Arc` to its
@@ -687,10 +677,7 @@ impl Kernel {
                 .context()
                 .synchronize()
                 .map_err(|e| refuse(format!("synchronizing before freeing scratch: {e}")))?;
-            for s in table.iter_mut().filter(|s| s.stream.strong_count() == 0) {
-                free_buf(self, s.global.take());
-                free_buf(self, s.profile.take());
-            }
+            // (freed as they are dropped, after the synchronization above)
             table.retain(|s| s.stream.strong_count() > 0);
         }
         let idx = match table
@@ -701,8 +688,8 @@ impl Kernel {
             None => {
                 table.push(StreamScratch {
                     stream: Arc::downgrade(stream),
-                    global: None,
-                    profile: None,
+                    global: DevBuf::new(),
+                    profile: DevBuf::new(),
                 });
                 table.len() - 1
             }
@@ -727,10 +714,12 @@ impl Kernel {
     }
 }
 
+/// The `align`-aligned address of `bytes` bytes of scratch in `buf` for a launch on
+/// `stream`, growing `buf` first when it cannot hold them.
 fn grow(
     k: &Kernel,
     stream: &CudaStream,
-    buf: &mut Option<DevBuf>,
+    buf: &mut DevBuf<u8>,
     bytes: u64,
     align: u32,
 ) -> Result<u64> {
@@ -738,39 +727,33 @@ fn grow(
         return Ok(0);
     }
     let align = (align.max(1) as u64).max(1);
-    if let Some(b) = buf {
-        if b.bytes >= bytes && b.align >= align {
-            return Ok(b.aligned());
+    let aligned = |b: &DevBuf<u8>| {
+        let base = b.ptr(stream);
+        (base.div_ceil(align) * align, base + b.len() as u64)
+    };
+    if !buf.is_empty() {
+        let (ptr, end) = aligned(buf);
+        if ptr + bytes <= end {
+            return Ok(ptr);
         }
         // The old buffer may be in use by launches queued on this stream.
         stream.synchronize().map_err(|e| Error::Launch {
             kernel: k.variant.id.clone(),
             msg: format!("synchronizing before growing scratch: {e}"),
         })?;
-        free_buf(k, buf.take());
+        buf.release();
     }
-    // cuMemAlloc returns 256-byte aligned memory; pad for larger alignments.
-    let pad = align.saturating_sub(256);
-    // SAFETY: plain device allocation in the current context (bound by launch); the
-    // pointer is owned by this DevBuf and freed exactly once (free_buf).
-    let base = unsafe { cu::malloc_sync((bytes + pad) as usize) }.map_err(|e| Error::Launch {
+    // Pad so that any base address leaves room to align. Allocated (and zero-filled) on
+    // the context's default stream, which is waited for before `stream` uses the buffer.
+    let home = k.device.context().default_stream();
+    let refuse = |what: &str, e: cudarc::driver::DriverError| Error::Launch {
         kernel: k.variant.id.clone(),
-        msg: format!("allocating {bytes} bytes of scratch: {e}"),
-    })?;
-    let b = DevBuf { base, bytes, align };
-    let ptr = b.aligned();
-    *buf = Some(b);
-    Ok(ptr)
-}
-
-fn free_buf(k: &Kernel, buf: Option<DevBuf>) {
-    if let Some(b) = buf {
-        let ctx = k.device.context();
-        ctx.record_err(ctx.bind_to_thread());
-        // SAFETY: `b.base` came from malloc_sync and is freed once; callers synchronized
-        // the stream or context that could still use it.
-        ctx.record_err(unsafe { cu::free_sync(b.base) });
-    }
+        msg: format!("{what} {bytes} bytes of scratch: {e}"),
+    };
+    buf.ensure(&home, (bytes + align - 1) as usize)
+        .map_err(|e| refuse("allocating", e.source))?;
+    home.synchronize().map_err(|e| refuse("waiting for", e))?;
+    Ok(aligned(buf).0)
 }
 
 fn launch_attrs(plan: &LaunchPlan) -> Vec<sys::CUlaunchAttribute> {
@@ -922,18 +905,16 @@ impl Drop for Kernel {
         // Scratch may be in use by queued launches: drain the context, then free. Errors
         // are recorded in the context (reported by the next checked call), never panicked
         // on. The module itself is unloaded (after its own sync) when the last Arc goes.
-        let mut table = std::mem::take(&mut *self.scratch.lock());
+        let table = std::mem::take(&mut *self.scratch.lock());
         if table
             .iter()
-            .any(|s| s.global.is_some() || s.profile.is_some())
+            .any(|s| !s.global.is_empty() || !s.profile.is_empty())
         {
             let ctx = self.device.context();
             ctx.record_err(ctx.synchronize());
-            for s in table.iter_mut() {
-                free_buf(self, s.global.take());
-                free_buf(self, s.profile.take());
-            }
         }
+        // the buffers are freed here, after the synchronization
+        drop(table);
         let _ = &self.module;
     }
 }

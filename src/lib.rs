@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod artifact;
+pub mod devbuf;
 pub mod device;
 pub mod error;
 pub mod jit;

@@ -203,7 +203,7 @@ pub struct BackendRun {
 }
 
 // ---------------------------------------------------------------------------------
-// GPU BACKEND: the Triton kernels launched from Rust (src/pq/gpu.rs).
+// GPU BACKEND: the Triton kernels launched from Rust (`pq::gpu`, src/pq/).
 // ---------------------------------------------------------------------------------
 /// Run one step on the GPU pipeline (device `a.device`), check that a CUDA-graph replay
 /// gives the same bytes, and time `a.steps` steps of each launch mode.

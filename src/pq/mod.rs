@@ -9,6 +9,11 @@
 //!   oracle for tests and the fallback backend of `tritonrt run`.
 //! - [`check`](mod@check): the spec's "what counts as the same answer" rule ([`check()`]).
 //! - [`io`]: safetensors input/output in the upstream layouts.
+//! - [`plan`]: which kernels a GPU decode step launches, as data ([`plan::plan_step`],
+//!   pure: unit-tested on the CPU).
+//!
+//! GPU side: [`gpu`] (the indexer, its kernels, device state, graph cache and the
+//! execute / bench harness, in the private modules it re-exports from).
 //!
 //! Layouts (row-major, all host `Vec`s): `query [B, H, 1, D]`, `key [B, H_kv, S, D]`,
 //! `centroids [B, H_kv, M, K, d_c]`, codes upstream `[B, N, H_kv, M]` i64,
@@ -18,8 +23,15 @@
 pub mod check;
 pub mod config;
 pub mod gpu;
+mod graph;
+mod harness;
+mod indexer;
 pub mod io;
+mod kernels;
+mod launch;
+pub mod plan;
 pub mod reference;
+mod state;
 pub mod workload;
 
 pub use check::{check, check_exact, CheckMode, CheckReport};

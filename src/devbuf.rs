@@ -1,0 +1,113 @@
+//! [`DevBuf`]: a growable device buffer, shared by the kernel scratch of [`crate::kernel`]
+//! and the indexer state of [`crate::pq`].
+//!
+//! Depends on cudarc and [`crate::error`] only (plus the driver-error conversion in
+//! [`crate::device`]), so every layer above the driver can use it.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits};
+
+/// A growable device buffer of `T`: grows only (never shrinks), and its contents are not
+/// kept across a growth (the new allocation is zero-filled).
+///
+/// The allocation belongs to the stream it was made on (cudarc frees it in stream order
+/// when it is dropped or replaced); a caller using it from another stream orders that
+/// use itself (this crate's contexts run without cudarc's per-use event tracking).
+pub struct DevBuf<T> {
+    buf: Option<CudaSlice<T>>,
+}
+
+impl<T> Default for DevBuf<T> {
+    fn default() -> Self {
+        DevBuf { buf: None }
+    }
+}
+
+impl<T> std::fmt::Debug for DevBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevBuf").field("len", &self.len()).finish()
+    }
+}
+
+/// A failed allocation of a [`DevBuf`]: the element count asked of the driver and its
+/// error.
+#[derive(Debug)]
+pub struct AllocError {
+    /// Elements of `T` the failed allocation was for.
+    pub elements: usize,
+    /// The driver's error.
+    pub source: DriverError,
+}
+
+impl From<AllocError> for crate::Error {
+    fn from(e: AllocError) -> Self {
+        crate::device::driver_err(format!("allocating {} elements", e.elements), e.source)
+    }
+}
+
+impl<T> DevBuf<T> {
+    /// An empty buffer (no allocation).
+    pub const fn new() -> Self {
+        DevBuf { buf: None }
+    }
+
+    /// Elements allocated (0 when empty).
+    pub fn len(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// Whether nothing is allocated.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The allocation, if any.
+    pub fn slice(&self) -> Option<&CudaSlice<T>> {
+        self.buf.as_ref()
+    }
+
+    /// The allocation, if any, mutably (for copies and memsets into it).
+    pub fn slice_mut(&mut self) -> Option<&mut CudaSlice<T>> {
+        self.buf.as_mut()
+    }
+
+    /// The device address of the allocation (0 when empty).
+    pub fn ptr(&self, stream: &CudaStream) -> u64 {
+        match &self.buf {
+            Some(b) => b.device_ptr(stream).0,
+            None => 0,
+        }
+    }
+
+    /// Drop the allocation (freed in the order of the stream it was made on). The caller
+    /// makes sure no queued work of another stream still uses it.
+    pub fn release(&mut self) {
+        self.buf = None;
+    }
+}
+
+impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
+    /// Make the buffer hold at least `max(len, 1)` elements. When it holds fewer, the
+    /// old allocation is dropped and a zero-filled one of `max(len, 1, 2 x old length)`
+    /// elements is made on `stream` (geometric growth: a buffer that follows a growing
+    /// size reallocates O(log) times). Returns whether it reallocated.
+    ///
+    /// Errors: [`AllocError`] (the driver refused the allocation or the memset).
+    pub fn ensure(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        len: usize,
+    ) -> std::result::Result<bool, AllocError> {
+        let have = self.len();
+        if have >= len.max(1) {
+            return Ok(false);
+        }
+        let new_len = len.max(1).max(have * 2);
+        self.buf = Some(stream.alloc_zeros::<T>(new_len).map_err(|e| AllocError {
+            elements: new_len,
+            source: e,
+        })?);
+        Ok(true)
+    }
+}

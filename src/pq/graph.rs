@@ -1,0 +1,133 @@
+//! The step graph cache of [`crate::pq::gpu::LaunchMode::Graph`]: one captured CUDA
+//! graph per indexer, replayed as is, updated in place, or captured anew.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaGraph, CudaStream};
+
+use crate::error::{Error, Result};
+use crate::pq::launch::{issue, DeviceTensorRef, Launch};
+use crate::pq::plan::StepInfo;
+
+/// What a captured graph was captured for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GraphKey {
+    pub s: usize,
+    pub query: DeviceTensorRef,
+    pub key: DeviceTensorRef,
+    /// `DeviceState::buffer_ptrs`.
+    pub buffers: Vec<u64>,
+}
+
+struct Captured {
+    key: GraphKey,
+    /// `N_cached` at capture: replays re-quantize keys from here, so a replay is exact
+    /// while the state holds at least this many codes.
+    n_old: usize,
+    info: StepInfo,
+    /// The graph's kernel nodes, in launch order (empty: never updated, only replayed).
+    nodes: Vec<cudarc::driver::sys::CUgraphNode>,
+    /// Variant id of each node's kernel.
+    kernels: Vec<String>,
+    graph: CudaGraph,
+}
+
+/// The indexer's captured step graph, if any.
+#[derive(Default)]
+pub(crate) struct StepGraph(Option<Captured>);
+
+impl StepGraph {
+    /// Forget the captured graph (the state it was captured on is being replaced).
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+
+    /// One step in graph mode on `stream`: replay the captured graph when it was captured
+    /// for this very step (`key`, and at most `n_old` keys quantized then); else, when
+    /// only `S` / `N_cached` moved (same buffers, same kernels), update the captured
+    /// kernel nodes' arguments and grids to `build()`'s launches in place and replay;
+    /// else capture `build()`'s launches anew. Returns the step's info (`captured` set
+    /// when it captured).
+    ///
+    /// Errors: `build`'s errors, driver errors of capture, update or launch.
+    pub fn step(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        gkey: GraphKey,
+        n_old: usize,
+        build: impl FnOnce() -> Result<(StepInfo, Vec<Launch>)>,
+    ) -> Result<StepInfo> {
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        if let Some(c) = &self.0 {
+            if c.key == gkey && c.n_old <= n_old {
+                c.graph.launch().map_err(drv("replaying the step graph"))?;
+                return Ok(c.info);
+            }
+        }
+        let (info, launches) = build()?;
+        if let Some(c) = self.0.as_mut() {
+            let same_kernels = c.nodes.len() == launches.len()
+                && c.kernels
+                    .iter()
+                    .zip(&launches)
+                    .all(|(id, l)| id == l.kernel.id());
+            if same_kernels
+                && c.key.query == gkey.query
+                && c.key.key == gkey.key
+                && c.key.buffers == gkey.buffers
+            {
+                let exec = c.graph.cu_graph_exec();
+                let updated = launches.iter().zip(&c.nodes).try_for_each(|(l, node)| {
+                    // SAFETY: the node was captured from a launch in this graph (a node of
+                    // another kernel is refused by update_graph_node); `StepLaunches::build`
+                    // built the arguments for buffers sized for this step (its `Bounds:`
+                    // comments); the graph is only replayed on this indexer's stream, by
+                    // this (&mut) indexer.
+                    unsafe { l.kernel.update_graph_node(exec, *node, l.grid, &l.args) }
+                });
+                if updated.is_ok() {
+                    c.key = gkey;
+                    c.n_old = n_old;
+                    c.info = info;
+                    c.graph
+                        .launch()
+                        .map_err(drv("replaying the updated step graph"))?;
+                    return Ok(info);
+                }
+                // an update the driver refused (or a node of another kernel): capture anew
+            }
+        }
+        self.0 = None;
+        stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(drv("beginning graph capture"))?;
+        let issued = issue(stream, &launches);
+        let ended = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        issued?;
+        let graph = ended
+            .map_err(drv("ending graph capture"))?
+            .ok_or_else(|| Error::invalid("graph capture", "the captured step graph is empty"))?;
+        // SAFETY: the graph was just instantiated and is owned by `graph`.
+        let nodes = unsafe { crate::kernel::graph_kernel_nodes(graph.cu_graph())? };
+        graph.launch().map_err(drv("launching the step graph"))?;
+        self.0 = Some(Captured {
+            key: gkey,
+            n_old,
+            info,
+            // a graph whose kernel nodes do not line up with its launches is only replayed
+            nodes: if nodes.len() == launches.len() {
+                nodes
+            } else {
+                Vec::new()
+            },
+            kernels: launches.iter().map(|l| l.kernel.id().to_string()).collect(),
+            graph,
+        });
+        Ok(StepInfo {
+            captured: true,
+            ..info
+        })
+    }
+}

@@ -1,0 +1,346 @@
+//! [`GpuIndexer`]: the PQCache decode-step indexer on one GPU stream. Each step is
+//! planned ([`plan_step`]), its buffers sized ([`DeviceState::ensure_buffers`]), and the
+//! plan turned into launches ([`StepLaunches`]) that are issued or captured as a graph.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, Runtime};
+use crate::pq::config::{DType, Metric, PqConfig, Shape};
+use crate::pq::graph::{GraphKey, StepGraph};
+use crate::pq::kernels::Kernels;
+use crate::pq::launch::{issue, ArgOrder, DeviceTensorRef, StepLaunches};
+use crate::pq::plan::{plan_step, PlanFacts, SelectPath, StepInfo, StepPlan};
+use crate::pq::reference::PqOutput;
+use crate::pq::state::DeviceState;
+
+/// How a step is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchMode {
+    /// Plain kernel launches on the stream.
+    Launch,
+    /// Capture the step into a CUDA graph (once per step key) and replay it.
+    Graph,
+}
+
+/// The PQCache decode-step indexer on one GPU stream.
+///
+/// Not `Sync`: one indexer serves one decode loop. Create one per stream.
+pub struct GpuIndexer {
+    rt: Arc<Runtime>,
+    kernels: Kernels,
+    /// What [`plan_step`] needs of the GPU and the kernels (fixed at creation).
+    facts: PlanFacts,
+    state: DeviceState,
+    path: SelectPath,
+    last: Option<StepInfo>,
+    arg_order: ArgOrder,
+    graph: StepGraph,
+}
+
+impl GpuIndexer {
+    /// Set up an indexer for `shape` (`S` is ignored: it comes with each step) and
+    /// `cfg`, uploading `centroids` (`f32 [B, H_kv, M, K, d_c]`) and `phi`
+    /// (`f32 [B * H_kv * M]`, metric ip only). `select_variant` picks a tuned variant
+    /// id of the select kernel (else the manifest default for this GPU).
+    ///
+    /// Errors: config/shape validation, a missing kernel variant, heavy_size above the
+    /// compiled top-k widths, a centroid or phi length mismatch, driver errors.
+    pub fn new(
+        rt: Arc<Runtime>,
+        stream: Arc<CudaStream>,
+        cfg: PqConfig,
+        shape: Shape,
+        centroids: &[f32],
+        phi: Option<&[f32]>,
+        select_variant: Option<&str>,
+    ) -> Result<Self> {
+        cfg.validate(&shape)?;
+        if !cfg.k_centroids().is_power_of_two() || cfg.k_centroids() > 256 {
+            return Err(Error::invalid("pq_bits", "K = 2^bits must be at most 256"));
+        }
+        let (m, k, d_c) = (cfg.m(), cfg.k_centroids(), cfg.d_c(shape.d));
+        let want = shape.b * shape.h_kv * m * k * d_c;
+        if centroids.len() != want {
+            return Err(Error::invalid(
+                "pq_centroids",
+                format!(
+                    "expected {want} f32 values [B={}, H_kv={}, M={m}, K={k}, d_c={d_c}], got {}",
+                    shape.b,
+                    shape.h_kv,
+                    centroids.len()
+                ),
+            ));
+        }
+        let n_phi = shape.b * shape.h_kv * m;
+        let phi_host: Vec<f32> = match (cfg.metric, phi) {
+            (Metric::Ip, Some(p)) if p.len() == n_phi => p.to_vec(),
+            (Metric::Ip, Some(p)) => {
+                return Err(Error::invalid(
+                    "pq_ip2l2_phi",
+                    format!(
+                        "expected {n_phi} f32 values [B * H_kv * M], got {}",
+                        p.len()
+                    ),
+                ))
+            }
+            (Metric::Ip, None) => {
+                return Err(Error::invalid(
+                    "pq_ip2l2_phi",
+                    "metric ip needs phi [B * H_kv * M]",
+                ))
+            }
+            (Metric::Euclidean, _) => vec![0.0],
+        };
+        let kernels = Kernels::load(&rt, &cfg, select_variant)?;
+        let facts = kernels.facts(rt.device().sm_count());
+        let state = DeviceState::new(stream, cfg, shape, &kernels, centroids, &phi_host)?;
+        Ok(GpuIndexer {
+            rt,
+            kernels,
+            facts,
+            state,
+            path: SelectPath::default(),
+            last: None,
+            arg_order: ArgOrder::default(),
+            graph: StepGraph::default(),
+        })
+    }
+
+    /// The stream every step is issued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.state.stream
+    }
+
+    /// The runtime the kernels came from.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
+    }
+
+    /// Keys quantized so far (`N_cached`).
+    pub fn n_cached(&self) -> usize {
+        self.state.n_cached
+    }
+
+    /// Code capacity per (batch, KV head, subvector), in keys.
+    pub fn capacity(&self) -> usize {
+        self.state.cap
+    }
+
+    /// Choose the select kernel of later steps (default [`SelectPath::Auto`]).
+    pub fn set_select_path(&mut self, path: SelectPath) {
+        self.path = path;
+    }
+
+    /// Variant id of the select kernel in use.
+    pub fn select_variant(&self) -> &str {
+        self.kernels.select.id()
+    }
+
+    /// Every kernel variant this indexer launches (for reports).
+    pub fn kernels(&self) -> Vec<Arc<Kernel>> {
+        self.kernels.all()
+    }
+
+    /// What [`plan_step`] knows of this indexer's GPU and kernels.
+    pub fn plan_facts(&self) -> PlanFacts {
+        self.facts
+    }
+
+    /// The plan of a step at `s` from the current state under the current
+    /// [`SelectPath`] (nothing is issued).
+    ///
+    /// Errors: as [`plan_step`].
+    pub fn plan(&self, s: usize) -> Result<StepPlan> {
+        let st = &self.state;
+        plan_step(&st.cfg, &st.shape, s, st.n_cached, self.path, &self.facts)
+    }
+
+    /// Replace the code state with upstream-layout codes `i64 [B, n, H_kv, M]` (values
+    /// in `0..K`). Synchronous (a one-time import, not part of a step).
+    ///
+    /// Errors: a length mismatch or a code out of range, named with its index.
+    pub fn import_codes(&mut self, codes: &[i64], n: usize) -> Result<()> {
+        let (cfg, shape) = (&self.state.cfg, &self.state.shape);
+        let (b, h_kv, m, k) = (shape.b, shape.h_kv, cfg.m(), cfg.k_centroids());
+        if codes.len() != b * n * h_kv * m {
+            return Err(Error::invalid(
+                "pq_codebook",
+                format!(
+                    "expected {} i64 values [B={b}, N={n}, H_kv={h_kv}, M={m}], got {}",
+                    b * n * h_kv * m,
+                    codes.len()
+                ),
+            ));
+        }
+        if let Some((i, c)) = codes
+            .iter()
+            .enumerate()
+            .find(|(_, &c)| c < 0 || c as usize >= k)
+        {
+            return Err(Error::invalid(
+                "pq_codebook",
+                format!("code {c} at flat index {i} is outside 0..{k}"),
+            ));
+        }
+        self.graph.clear();
+        self.state
+            .import_codes(&self.kernels, &self.arg_order, codes, n)
+    }
+
+    /// The code state in the upstream layout `i64 [B, N_cached, H_kv, M]`. Synchronous.
+    ///
+    /// Errors: driver errors.
+    pub fn export_codes(&self) -> Result<Vec<i64>> {
+        self.state.export_codes(&self.kernels, &self.arg_order)
+    }
+
+    /// One decode step at sequence length `s`: quantize keys `N_cached .. s -
+    /// init_offset`, select, and write the outputs into the indexer's device buffers
+    /// (see [`GpuIndexer::download`]). Asynchronous: nothing waits for the GPU.
+    ///
+    /// Errors: dtype mismatch, `s - init_offset < N_cached` (the state is ahead of the
+    /// sequence), driver/launch errors. Allocation happens only when a buffer must grow.
+    pub fn step(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        mode: LaunchMode,
+    ) -> Result<StepInfo> {
+        check_tensor(&self.state.cfg, "query", query)?;
+        check_tensor(&self.state.cfg, "key", key)?;
+        let plan = self.plan(s)?;
+        self.state
+            .ensure_buffers(&self.kernels, &self.arg_order, self.path, s)?;
+        let n_old = plan.n_old;
+        let launcher = StepLaunches {
+            kernels: &self.kernels,
+            state: &self.state,
+            order: &self.arg_order,
+            sm_count: self.facts.sm_count,
+        };
+        let info = match mode {
+            LaunchMode::Launch => {
+                let launches = launcher.build(&plan, query, key)?;
+                issue(&self.state.stream, &launches)?;
+                plan.info()
+            }
+            LaunchMode::Graph => {
+                let gkey = GraphKey {
+                    s,
+                    query: *query,
+                    key: *key,
+                    buffers: self.state.buffer_ptrs(),
+                };
+                let build = || Ok((plan.info(), launcher.build(&plan, query, key)?));
+                self.graph.step(&self.state.stream, gkey, n_old, build)?
+            }
+        };
+        self.state.n_cached = plan.n;
+        self.last = Some(info);
+        Ok(info)
+    }
+
+    /// Wait for every step issued so far.
+    ///
+    /// Errors: driver errors (a kernel's fault surfaces here).
+    pub fn synchronize(&self) -> Result<()> {
+        self.state
+            .stream
+            .synchronize()
+            .map_err(|e| crate::device::driver_err("synchronizing the indexer stream", e))
+    }
+
+    /// Device addresses of the last step's outputs: `(sparse_list i64 [B, H, total],
+    /// sparse_len i64 [B, H], weight_list [B, H, S] in the weight dtype)`. Valid until
+    /// the next step on this indexer's stream.
+    pub fn output_ptrs(&self) -> (u64, u64, u64) {
+        self.state.output_ptrs()
+    }
+
+    /// Copy the last step's outputs and the code state to the host (synchronous).
+    ///
+    /// Errors: no step has run yet; driver errors.
+    pub fn download(&self) -> Result<PqOutput> {
+        let info = self
+            .last
+            .ok_or_else(|| Error::invalid("download", "no step has run on this indexer"))?;
+        let (cfg, shape) = (&self.state.cfg, &self.state.shape);
+        let (sl, len, wraw) = self.state.download_outputs(info.total, info.s)?;
+        let weight_list: Vec<f32> = match cfg.weight_dtype {
+            DType::F32 => wraw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DType::BF16 => wraw
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            DType::F16 => wraw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        };
+        let codes = self.export_codes()?;
+        Ok(PqOutput {
+            b: shape.b,
+            h: shape.h,
+            h_kv: shape.h_kv,
+            m: cfg.m(),
+            s: info.s,
+            total: info.total,
+            sparse_list: sl,
+            sparse_len: len,
+            weight_list,
+            codes,
+            n_cached: self.state.n_cached,
+        })
+    }
+
+    /// Poison every output buffer (sparse_list and sparse_len with -7, weight_list with
+    /// the byte 0x7f, a NaN-like pattern in every float dtype) so a test can tell written
+    /// from unwritten. Synchronous.
+    ///
+    /// Errors: driver errors.
+    pub fn poison_outputs(&mut self) -> Result<()> {
+        self.state.poison_outputs()?;
+        self.synchronize()
+    }
+
+    /// Forget quantized keys past `n` (`N_cached = min(N_cached, n)`); their codes are
+    /// rewritten by the next step. No copy. Used to replay the same step, as the upstream
+    /// benchmark does (every call quantizes one new key).
+    pub fn rewind(&mut self, n: usize) {
+        self.state.n_cached = self.state.n_cached.min(n);
+    }
+
+    /// Allocate every buffer a step at `s` needs, without running it (so outputs can be
+    /// poisoned before the first step, and so the first timed step allocates nothing).
+    ///
+    /// Errors: driver errors.
+    pub fn prepare(&mut self, s: usize) -> Result<()> {
+        self.state
+            .ensure_buffers(&self.kernels, &self.arg_order, self.path, s)
+    }
+}
+
+/// Check a caller's device tensor against the config's input dtype.
+fn check_tensor(cfg: &PqConfig, what: &str, t: &DeviceTensorRef) -> Result<()> {
+    if t.dtype() != cfg.input_dtype {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "dtype {} but the config says {}",
+                t.dtype().as_str(),
+                cfg.input_dtype.as_str()
+            ),
+        ));
+    }
+    if t.ptr() == 0 {
+        return Err(Error::invalid(what, "null device address"));
+    }
+    Ok(())
+}

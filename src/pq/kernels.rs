@@ -1,0 +1,221 @@
+//! Which kernels and variants an indexer configuration uses, loaded from a [`Runtime`].
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, Runtime};
+use crate::pq::config::{DType, PqConfig};
+use crate::pq::plan::{HistFacts, IndexFacts, PlanFacts};
+
+/// Top-k widths the select kernel is compiled for (`K_PAD`, a power of two >= heavy);
+/// source: `kernels_triton/pq_select.py`'s `K_PADS`.
+pub const K_PADS: [usize; 3] = [128, 256, 512];
+
+/// Code combinations the histogram path counts per row (`NC` in
+/// `kernels_triton/pq_hist.py`): the path needs `K^M <= HIST_COMBOS`.
+pub const HIST_COMBOS: usize = 4096;
+
+/// Threshold rounds x bins of the histogram path's scratch (`LEVELS`, `NB` in
+/// `kernels_triton/pq_hist.py`).
+pub(crate) const HIST_LEVEL_BINS: usize = 3 * 1024;
+
+/// The kernels' dtype suffix of `d` (`fp32`, `bf16`, `fp16`).
+pub(crate) fn dt(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "fp32",
+        DType::BF16 => "bf16",
+        DType::F16 => "fp16",
+    }
+}
+
+/// The integer constexpr `name` of `k`'s variant.
+///
+/// Errors: [`Error::Invalid`] naming the variant where it has no such integer.
+pub(crate) fn constexpr_usize(k: &Kernel, name: &str) -> Result<usize> {
+    k.variant()
+        .constexprs
+        .get(name)
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .ok_or_else(|| {
+            Error::invalid(
+                format!("kernel variant {}", k.id()),
+                format!("missing integer constexpr {name}"),
+            )
+        })
+}
+
+/// Select-kernel variant names for this config: `pq_select.h<K_PAD>.q_<qt>.w_<wt>`.
+///
+/// Errors: [`Error::Invalid`] when `heavy_size` exceeds the largest of [`K_PADS`].
+pub fn select_kernel_name(cfg: &PqConfig) -> Result<String> {
+    let k_pad = K_PADS
+        .iter()
+        .copied()
+        .find(|&p| p >= cfg.heavy_size)
+        .ok_or_else(|| {
+            Error::invalid(
+                "heavy_size",
+                format!(
+                    "{} exceeds the largest compiled top-k width {} (K_PADS in kernels_triton/pq_select.py)",
+                    cfg.heavy_size,
+                    K_PADS[K_PADS.len() - 1]
+                ),
+            )
+        })?;
+    Ok(format!(
+        "pq_select.h{k_pad}.q_{}.w_{}",
+        dt(cfg.input_dtype),
+        dt(cfg.weight_dtype)
+    ))
+}
+
+/// The indexed histogram path's kernels.
+pub(crate) struct IndexKernels {
+    /// `pq_index.m2.q_<t>.w_<t>` as built (sm_90: a programmatic dependent launch).
+    pub index: Arc<Kernel>,
+    /// The same function launched without a programmatic dependency (the companion-fill
+    /// step, where no primary precedes it).
+    pub alone: Arc<Kernel>,
+    /// `pq_wfill.w_<t>`; none where the pq_index variant has `PDL=0` (sm_80: its row
+    /// CTAs write their weights themselves unless their companions do).
+    pub wfill: Option<Arc<Kernel>>,
+    /// pq_index's `TP` (gathered keys per row at most).
+    pub tp: usize,
+}
+
+/// The split histogram path's kernels.
+pub(crate) struct SplitKernels {
+    /// `pq_thresh.m<MP>.q_<qt>`.
+    pub thresh: Arc<Kernel>,
+    /// `pq_emit.m<MP>.w_<wt>`.
+    pub emit: Arc<Kernel>,
+    /// The emit variant's `TILE` (positions per CTA).
+    pub tile: usize,
+}
+
+/// The kernels of one indexer configuration.
+pub(crate) struct Kernels {
+    pub select: Arc<Kernel>,
+    /// `pq_hist.m<MP>.q_<qt>.w_<wt>`, where the config allows it (`K^M <= 4096`, M <= 4).
+    pub hist: Option<Arc<Kernel>>,
+    /// `pq_thresh` and `pq_emit` (the split histogram path); where `hist` is.
+    pub split: Option<SplitKernels>,
+    /// The indexed histogram path, where built (`M <= 2`, `K^M <= 4096`, query dtype =
+    /// weight dtype).
+    pub index: Option<IndexKernels>,
+    pub short: Arc<Kernel>,
+    pub quantize: Arc<Kernel>,
+    pub import: Arc<Kernel>,
+    pub export: Arc<Kernel>,
+    /// Keys per select CTA (the select variant's `CHUNK`).
+    pub chunk: usize,
+    /// The select variant's `K_PAD`.
+    pub k_pad: usize,
+    /// The select variant's staging width in keys (`2 * K_PAD`).
+    pub stage: usize,
+}
+
+impl Kernels {
+    /// Load the kernels of `cfg` (validated, `K <= 256`) from `rt`: the select kernel's
+    /// variant `select_variant` (else the manifest default for this GPU), the others'
+    /// defaults; the histogram and indexed paths' kernels where the config allows them
+    /// (the indexed path only where its variants are built).
+    ///
+    /// Errors: a missing kernel variant or constexpr, heavy_size above the compiled
+    /// top-k widths, driver errors.
+    pub fn load(rt: &Runtime, cfg: &PqConfig, select_variant: Option<&str>) -> Result<Self> {
+        let (m, k) = (cfg.m(), cfg.k_centroids());
+        let name = select_kernel_name(cfg)?;
+        let select = rt.kernel_for(&name, select_variant)?;
+        let qt = dt(cfg.input_dtype);
+        let wt = dt(cfg.weight_dtype);
+        let combos = k.checked_pow(m as u32).unwrap_or(usize::MAX);
+        let index = if combos <= HIST_COMBOS && m <= 2 && qt == wt {
+            // built for these configs only (kernels_triton/pq_index.py)
+            match (
+                rt.default_kernel(&format!("pq_index.m2.q_{qt}.w_{wt}")),
+                rt.default_kernel(&format!("pq_wfill.w_{wt}")),
+            ) {
+                (Ok(ix), Ok(fill)) => {
+                    let tp = constexpr_usize(&ix, "TP")?;
+                    let wfill = (constexpr_usize(&ix, "PDL")? == 1).then_some(fill);
+                    if let Some(f) = &wfill {
+                        // pq_index (32 KB of shared memory per CTA) must fit beside it
+                        f.prefer_shared_carveout()?;
+                    }
+                    Some(IndexKernels {
+                        alone: Arc::new(ix.without_pdl()),
+                        index: ix,
+                        wfill,
+                        tp,
+                    })
+                }
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let (hist, split) = if combos <= HIST_COMBOS && m <= 4 {
+            let mp = if m <= 2 { 2 } else { 4 };
+            let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
+            let tile = constexpr_usize(&emit, "TILE")?;
+            (
+                Some(rt.default_kernel(&format!("pq_hist.m{mp}.q_{qt}.w_{wt}"))?),
+                Some(SplitKernels {
+                    thresh: rt.default_kernel(&format!("pq_thresh.m{mp}.q_{qt}"))?,
+                    emit,
+                    tile,
+                }),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Kernels {
+            hist,
+            split,
+            index,
+            chunk: constexpr_usize(&select, "CHUNK")?,
+            k_pad: constexpr_usize(&select, "K_PAD")?,
+            stage: 2 * constexpr_usize(&select, "K_PAD")?,
+            select,
+            short: rt.default_kernel(&format!("pq_short.w_{wt}"))?,
+            quantize: rt.default_kernel(&format!("pq_quantize.k_{qt}"))?,
+            import: rt.default_kernel("pq_codes_import")?,
+            export: rt.default_kernel("pq_codes_export")?,
+        })
+    }
+
+    /// The facts [`crate::pq::plan::plan_step`] needs, on a GPU of `sm_count` SMs.
+    pub fn facts(&self, sm_count: u32) -> PlanFacts {
+        let hist = match (&self.hist, &self.split) {
+            (Some(_), Some(sp)) => Some(HistFacts { emit_tile: sp.tile }),
+            _ => None,
+        };
+        PlanFacts {
+            sm_count,
+            hist,
+            index: self.index.as_ref().map(|ik| IndexFacts {
+                wfill: ik.wfill.is_some(),
+            }),
+        }
+    }
+
+    /// Every kernel variant the indexer launches (for reports).
+    pub fn all(&self) -> Vec<Arc<Kernel>> {
+        let mut v = vec![
+            self.select.clone(),
+            self.short.clone(),
+            self.quantize.clone(),
+        ];
+        v.extend(self.hist.clone());
+        if let Some(sp) = &self.split {
+            v.extend([sp.thresh.clone(), sp.emit.clone()]);
+        }
+        if let Some(ik) = &self.index {
+            v.extend(ik.wfill.clone());
+            v.push(ik.index.clone());
+        }
+        v
+    }
+}

@@ -1,0 +1,378 @@
+//! The step plan: which kernels a decode step launches, decided as data.
+//!
+//! [`plan_step`] is a pure function (no GPU, no driver call) from the config, the shape,
+//! `S`, `N_cached`, the [`SelectPath`] asked for and the few device facts that matter
+//! ([`PlanFacts`]: SM count, which histogram-path kernels are built) to a [`StepPlan`],
+//! whose [`StepKind`] the indexer then turns into launches. [`StepInfo`], what a step
+//! reports, is derived from the plan.
+
+use crate::error::{Error, Result};
+use crate::pq::config::{PqConfig, Shape};
+
+/// More new keys than this in one step are quantized by the bulk quantize kernel
+/// (one CTA per key and KV head) instead of inside the select kernel's chunks.
+pub const BULK_QUANTIZE_MIN: usize = 8;
+
+/// The most bytes of `weight_list` per row for which [`SelectPath::Index`] lets each
+/// row's companion CTA write them (one CTA writes ~30 GB/s, ~4.3 us for 128 KB, within
+/// the row CTA's ~10 us; measured on the H100, NOTES.md, "`pq_index` selects by cuts and
+/// sorts; one launch for few rows": reference workload (128 000 bytes per row) 12.0 us
+/// GPU per step against 13.6 with `pq_wfill`; S = 65536 (256 KiB) 15.9 us, the row
+/// waiting for its weights).
+pub const COMPANION_FILL_MAX_BYTES: usize = 128 * 1024;
+
+/// Rows (`B*H`) below which [`SelectPath::Auto`] takes the split histogram path (with
+/// at least [`AUTO_SPLIT_MIN_KEYS`] quantized keys), and from which it takes `pq_hist`
+/// (with at least [`AUTO_HIST_MIN_KEYS`]).
+pub const AUTO_HIST_MIN_ROWS: usize = 64;
+/// Quantized keys from which [`SelectPath::Auto`] takes the split path (fewer than
+/// [`AUTO_HIST_MIN_ROWS`] rows).
+pub const AUTO_SPLIT_MIN_KEYS: usize = 16384;
+/// Quantized keys from which [`SelectPath::Auto`] takes `pq_hist` (at least
+/// [`AUTO_HIST_MIN_ROWS`] rows).
+pub const AUTO_HIST_MIN_KEYS: usize = 32768;
+
+/// Which select kernel a (non-short) step uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum SelectPath {
+    /// The histogram path where it applies and the shape favours it: the indexed path
+    /// (`pq_index`, its weights written as [`SelectPath::Index`] chooses) wherever it is
+    /// built (NOTES.md, "`pq_index` selects by cuts and sorts; one launch for few rows":
+    /// large workload 44.0-45.1 us, reference 19.1-20.5); else split (`pq_thresh` and
+    /// `pq_emit`) for fewer than 64 rows (`B*H`) of at least 16384 quantized keys,
+    /// `pq_hist` for at least 64 rows and 32768 keys; else `pq_select`. Measured on the
+    /// H100 (NOTES.md, "the histogram path split in two launches" and "the threshold
+    /// rounds"): one `pq_hist` CTA per row leaves most SMs idle with few rows, where the
+    /// split path spreads the emit over every SM (reference workload, `tritonrt run`
+    /// wall per step: 25.3 us split, 34.7 pq_hist, 32.9 chunked); with 128 rows of 131k
+    /// keys `pq_hist` is fastest (82.6 us, split 85.0, chunked 254.9).
+    #[default]
+    Auto,
+    /// Always `pq_select` (top-k per chunk of keys, merged by each row's last CTA).
+    Chunked,
+    /// `pq_hist` whenever it applies (`K^M <= 4096`, `M <= 4`, at most
+    /// [`BULK_QUANTIZE_MIN`] new keys, none of them a candidate); else `pq_select`.
+    Hist,
+    /// `pq_thresh` + `pq_emit` whenever they apply (as [`SelectPath::Hist`], and
+    /// `init_offset >= min(sink, S)`, `S - min(window, S) - init_offset >= k`); else as
+    /// [`SelectPath::Hist`].
+    Split,
+    /// `pq_index` wherever it is built and the histogram path applies (as
+    /// [`SelectPath::Hist`], `M <= 2`, query dtype = weight dtype, `B*H*S < 2^31`); else
+    /// as [`SelectPath::Split`]. Its weights come from each row's companion CTA
+    /// ([`SelectPath::IndexCompanion`]) when every CTA of the launch has an SM of its own
+    /// (`2 B*H <=` SMs) and a row's weights are at most [`COMPANION_FILL_MAX_BYTES`] (or
+    /// no `pq_wfill` is built: sm_80), else as [`SelectPath::IndexWfill`].
+    Index,
+    /// [`SelectPath::Index`] with `weight_list` written by each row's companion CTA in
+    /// the same launch (grid `(B*H, 2)`: CTA `(r, 0)` writes row `r`'s zeros and sink /
+    /// window ones, then quantizes; the row CTA `(r, 1)` writes its heavy ones, and
+    /// whichever of the two arrives second on the row's counter rewrites the row's ones
+    /// from `sparse_list`). One launch, no programmatic dependency.
+    IndexCompanion,
+    /// [`SelectPath::Index`] with `weight_list` written by `pq_wfill` over every SM,
+    /// `pq_index` its programmatic dependent launch (sm_90); where no `pq_wfill` is built
+    /// (sm_80) each row CTA writes its own row first.
+    IndexWfill,
+}
+
+impl SelectPath {
+    /// Whether this path asks for the indexed histogram path where it applies: under
+    /// [`SelectPath::Index`], its two weight-fill forms and [`SelectPath::Auto`]
+    /// (measured on the H100, NOTES.md, "the indexed histogram path (`pq_wfill` +
+    /// `pq_index`): large target met", `tritonrt run`: large workload 46.1 us against
+    /// 81.6 pq_hist and 84.6 split; reference 24.2-24.7 against 25.4-25.6 split; S = 8192:
+    /// 24.5 us in the JIT harness against 31.6 for pq_select's default variant). The
+    /// indexer sizes the indexed path's buckets only for these paths.
+    pub fn wants_index(self) -> bool {
+        matches!(
+            self,
+            SelectPath::Index
+                | SelectPath::IndexCompanion
+                | SelectPath::IndexWfill
+                | SelectPath::Auto
+        )
+    }
+}
+
+/// The histogram-path kernels built for a config (`pq_hist`, `pq_thresh`, `pq_emit`:
+/// `K^M <= 4096`, `M <= 4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HistFacts {
+    /// `pq_emit`'s `TILE`: quantized keys per emit CTA (> 0).
+    pub emit_tile: usize,
+}
+
+/// The indexed path's kernels built for a config (`pq_index`: `M <= 2`, `K^M <= 4096`,
+/// query dtype = weight dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IndexFacts {
+    /// Whether `pq_wfill` is built beside it (the `pq_index` variant has `PDL=1`: sm_90);
+    /// without it (sm_80) each row CTA writes its own weights unless its companion does.
+    pub wfill: bool,
+}
+
+/// What [`plan_step`] needs to know of the GPU and of the kernels built for the config
+/// (the architecture matters only through which variants exist).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PlanFacts {
+    /// Streaming multiprocessors of the GPU.
+    pub sm_count: u32,
+    /// The histogram path's kernels, where built (none: every step is chunked or short).
+    pub hist: Option<HistFacts>,
+    /// The indexed path's kernels, where built (used only where `hist` is too).
+    pub index: Option<IndexFacts>,
+}
+
+/// What one decode step launches, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepKind {
+    /// Short sequence (`S <= heavy + init_offset + 1 + K`): `pq_short` alone, grid
+    /// `(cdiv(S, BLOCK), B*H)`.
+    Short,
+    /// `pq_select` over `cdiv(n, CHUNK)` chunks per row, after `pq_quantize` (grid
+    /// `(n - N_cached, B*H_kv)`) when `bulk_quantize` (more than [`BULK_QUANTIZE_MIN`]
+    /// new keys); else `pq_select` quantizes the new keys itself.
+    Chunked {
+        /// Whether the bulk quantize kernel runs first.
+        bulk_quantize: bool,
+    },
+    /// `pq_hist` alone, grid `(B*H, 2)`.
+    Hist,
+    /// `pq_thresh` (grid `(B*H, 2)`) then `pq_emit` (grid `B*H x parts`).
+    Split {
+        /// Emit CTAs per row: `cdiv(n, TILE)`.
+        parts: usize,
+    },
+    /// `pq_wfill` (one CTA per SM) then `pq_index` (grid `(B*H, 2)`) as its programmatic
+    /// dependent launch.
+    IndexWfill,
+    /// `pq_index` alone, each row CTA writing its own row's weights first (no `pq_wfill`
+    /// built: sm_80).
+    IndexRowFill,
+    /// `pq_index` alone without a programmatic dependency, each row's companion CTA
+    /// writing the row's weights (`fill = 1`).
+    IndexCompanion,
+}
+
+impl StepKind {
+    /// Kernel launches of a step of this kind.
+    pub fn launches(self) -> usize {
+        match self {
+            StepKind::Short
+            | StepKind::Hist
+            | StepKind::IndexRowFill
+            | StepKind::IndexCompanion => 1,
+            StepKind::Chunked { bulk_quantize } => 1 + usize::from(bulk_quantize),
+            StepKind::Split { .. } | StepKind::IndexWfill => 2,
+        }
+    }
+
+    /// Whether it is a histogram path (`pq_hist`, split or indexed).
+    pub fn is_hist(self) -> bool {
+        matches!(
+            self,
+            StepKind::Hist
+                | StepKind::Split { .. }
+                | StepKind::IndexWfill
+                | StepKind::IndexRowFill
+                | StepKind::IndexCompanion
+        )
+    }
+
+    /// Whether it is the indexed histogram path (`pq_index`).
+    pub fn is_index(self) -> bool {
+        matches!(
+            self,
+            StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion
+        )
+    }
+}
+
+/// One decode step, planned: what it launches and the counts the launches use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StepPlan {
+    /// What the step launches.
+    pub kind: StepKind,
+    /// `S` of the step.
+    pub s: usize,
+    /// `N_cached` before the step.
+    pub n_old: usize,
+    /// `N_cached` after the step: `S - init_offset`, or `n_old` on the short path.
+    pub n: usize,
+    /// Entries per row of `sparse_list` (`S` on the short path).
+    pub total: usize,
+}
+
+/// Plan one decode step at sequence length `s` with `n_old` keys already quantized,
+/// for `shape` (its `s` is ignored; `B*H` rows), under `path` on a GPU and kernel set
+/// described by `facts`. Pure: no GPU, no driver call.
+///
+/// The rules, in order: the short path when `cfg.is_short(s)`; else the histogram path
+/// applies where `facts.hist` is built, at most [`BULK_QUANTIZE_MIN`] keys are new and
+/// none of them is a candidate (`w0 <= n_old`); the indexed form where also
+/// `facts.index` is built, `path.wants_index()` and `B*H*S` fits an i32 (its weight fill
+/// as [`SelectPath::Index`] describes); else `pq_hist` or split as `path` asks
+/// ([`SelectPath::Auto`]: split for fewer than [`AUTO_HIST_MIN_ROWS`] rows of at least
+/// [`AUTO_SPLIT_MIN_KEYS`] keys where split applies, `pq_hist` for at least
+/// [`AUTO_HIST_MIN_ROWS`] rows of at least [`AUTO_HIST_MIN_KEYS`] keys); else chunked.
+///
+/// Errors: [`Error::Invalid`] (`seq_len`) when `s == 0`, or on a long-path step when
+/// `s - init_offset < n_old` (the state is ahead of the sequence).
+pub fn plan_step(
+    cfg: &PqConfig,
+    shape: &Shape,
+    s: usize,
+    n_old: usize,
+    path: SelectPath,
+    facts: &PlanFacts,
+) -> Result<StepPlan> {
+    if s == 0 {
+        return Err(Error::invalid("seq_len", "S must be >= 1"));
+    }
+    if cfg.is_short(s) {
+        return Ok(StepPlan {
+            kind: StepKind::Short,
+            s,
+            n_old,
+            n: n_old,
+            total: s,
+        });
+    }
+    let n = cfg.n_quantized(s);
+    if n < n_old {
+        return Err(Error::invalid(
+            "seq_len",
+            format!(
+                "S - init_offset = {n} but {n_old} keys are already quantized: the state is ahead of the sequence"
+            ),
+        ));
+    }
+    let kind = hist_kind(cfg, shape, s, n_old, path, facts).unwrap_or(StepKind::Chunked {
+        bulk_quantize: n - n_old > BULK_QUANTIZE_MIN,
+    });
+    Ok(StepPlan {
+        kind,
+        s,
+        n_old,
+        n,
+        total: cfg.total(s),
+    })
+}
+
+/// The histogram path's kind for a long-path step (`n_old <= n`), None where it does not
+/// apply or `path` declines it.
+fn hist_kind(
+    cfg: &PqConfig,
+    shape: &Shape,
+    s: usize,
+    n_old: usize,
+    path: SelectPath,
+    facts: &PlanFacts,
+) -> Option<StepKind> {
+    let hist = facts.hist?;
+    let rows = shape.b * shape.h;
+    let n = cfg.n_quantized(s);
+    let w0 = cfg.window_start(s);
+    // the kernel's quantizing CTAs write the new keys' codes while its row CTAs read the
+    // candidates' codes: only where no new key is a candidate
+    let applies = n - n_old <= BULK_QUANTIZE_MIN && w0 <= n_old;
+    // the split emit's preconditions: every heavy pick between sink and window
+    let split_applies = cfg.init_offset >= cfg.sink_eff(s)
+        && s - cfg.window_eff(s) >= cfg.init_offset
+        && w0 >= cfg.heavy_k(s);
+    if let Some(ix) = facts.index {
+        // pq_wfill indexes the flat weight_list in i32
+        if applies && path.wants_index() && i32::try_from(rows * s).is_ok() {
+            let companion = match path {
+                SelectPath::IndexCompanion => true,
+                SelectPath::IndexWfill => false,
+                _ => {
+                    let row_bytes = s * cfg.weight_dtype.size_bytes();
+                    2 * rows <= facts.sm_count as usize
+                        && (!ix.wfill || row_bytes <= COMPANION_FILL_MAX_BYTES)
+                }
+            };
+            return Some(match (companion, ix.wfill) {
+                (true, _) => StepKind::IndexCompanion,
+                (false, true) => StepKind::IndexWfill,
+                (false, false) => StepKind::IndexRowFill,
+            });
+        }
+    }
+    let (wanted, split) = match path {
+        SelectPath::Chunked => (false, false),
+        SelectPath::Hist => (true, false),
+        SelectPath::Split
+        | SelectPath::Index
+        | SelectPath::IndexCompanion
+        | SelectPath::IndexWfill => (true, split_applies),
+        // measured on the H100 (NOTES.md, "the histogram path split in two launches"
+        // through "a leaner split emit"): split wins with fewer rows than SMs (reference:
+        // 25.3 vs 32.9 us wall for pq_select, 34.7 for pq_hist), pq_hist with 128 rows of
+        // 131k keys (large: 82.6 vs 85.0 us split)
+        SelectPath::Auto => {
+            let split = split_applies && rows < AUTO_HIST_MIN_ROWS && n >= AUTO_SPLIT_MIN_KEYS;
+            (
+                split || (rows >= AUTO_HIST_MIN_ROWS && n >= AUTO_HIST_MIN_KEYS),
+                split,
+            )
+        }
+    };
+    if !(applies && wanted) {
+        return None;
+    }
+    Some(if split {
+        StepKind::Split {
+            parts: n.div_ceil(hist.emit_tile),
+        }
+    } else {
+        StepKind::Hist
+    })
+}
+
+/// What a step ran, and where its outputs are: the indexer's device buffers, valid until
+/// the next step (see `GpuIndexer::output_ptrs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepInfo {
+    /// `S` of the step.
+    pub s: usize,
+    /// Entries per row of `sparse_list` (`S` on the short path).
+    pub total: usize,
+    /// Whether the short-sequence path ran.
+    pub short: bool,
+    /// Kernel launches the step issued (or graph nodes replayed).
+    pub launches: usize,
+    /// Whether a graph was captured (false: replayed, or no graph).
+    pub captured: bool,
+    /// Whether the histogram select path (`pq_hist`, split or indexed) ran.
+    pub hist: bool,
+    /// Whether it ran split: `pq_thresh` + `pq_emit`.
+    pub split: bool,
+    /// Whether it ran indexed: `pq_index` (after `pq_wfill`, or alone).
+    pub index: bool,
+    /// Whether the indexed step was one launch, each row's companion CTA writing its
+    /// weights (see [`SelectPath::IndexCompanion`]).
+    pub companion: bool,
+    /// The plan's step kind (the flags above are derived from it).
+    pub kind: StepKind,
+}
+
+impl StepPlan {
+    /// What the step reports, `captured` false.
+    pub fn info(&self) -> StepInfo {
+        let k = self.kind;
+        StepInfo {
+            s: self.s,
+            total: self.total,
+            short: k == StepKind::Short,
+            launches: k.launches(),
+            captured: false,
+            hist: k.is_hist(),
+            split: matches!(k, StepKind::Split { .. }),
+            index: k.is_index(),
+            companion: k == StepKind::IndexCompanion,
+            kind: k,
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! The indexer's device state: the code state, the select paths' scratch and the
+//! outputs, each a [`DevBuf`] that grows only when a step needs more.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use crate::devbuf::DevBuf;
+use crate::error::Result;
+use crate::kernel::KernelArg;
+use crate::pq::config::{PqConfig, Shape};
+use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS};
+use crate::pq::launch::{i32_arg, ArgOrder};
+use crate::pq::plan::SelectPath;
+
+/// Every device buffer of one indexer (all sizes fixed by `B, H, H_kv, D`, the config
+/// and the largest `S` seen), on the indexer's stream.
+pub(crate) struct DeviceState {
+    pub stream: Arc<CudaStream>,
+    pub cfg: PqConfig,
+    pub shape: Shape,
+    /// `f32 [B, H_kv, M, K, d_c]`.
+    pub centroids: CudaSlice<f32>,
+    /// `f32 [B * H_kv * M]` (metric ip; one 0.0 otherwise).
+    pub phi: CudaSlice<f32>,
+    /// `u8 [B, H_kv, M, cap]`: one byte per (key, subvector).
+    pub codes: DevBuf<u8>,
+    /// Code capacity per (batch, KV head, subvector), in keys: grows x2, multiple of 16.
+    pub cap: usize,
+    /// Keys quantized so far (`N_cached`).
+    pub n_cached: usize,
+    /// The select kernel's per-CTA lookup table `f32 [CTAs, M, K]`.
+    pub lut: DevBuf<f32>,
+    /// Histogram path state: combination counts `i32 [B*H, HIST_COMBOS]` of the keys
+    /// `j < histn[r]`, `histn i32 [B*H]`, the threshold rounds' bins (kept zero by the
+    /// kernel) and the per-row lookup table. Zero-filled at creation and on import.
+    pub hist: DevBuf<i32>,
+    pub histn: DevBuf<i32>,
+    pub hist_lvl: DevBuf<i32>,
+    pub hist_lut: DevBuf<f32>,
+    /// Split path scratch: each row's class bounds `f32 [B*H, 2]` (`t_sure`, `t_maybe`:
+    /// `pq_emit` scores keys through `hist_lut` and compares), maybe keys to take `i32
+    /// [B*H]`, the emit's part flags `i64 [B*H, cdiv(n, TILE)]` and ticket counter `i32
+    /// [1]` (both zeroed by `pq_thresh` each step).
+    pub split_bnd: DevBuf<f32>,
+    pub split_need: DevBuf<i32>,
+    pub split_flag: DevBuf<i64>,
+    pub split_ctr: DevBuf<i32>,
+    /// Indexed path state: its own combination counts `i32 [B*H, HIST_COMBOS]` of the
+    /// keys `j < ihistn[r]` (`ihistn i32 [B*H]`), the buckets `i32 [B*H, HIST_COMBOS,
+    /// capc]` (key positions per combination, slot = count when the key joined; a
+    /// combination's keys past `capc` are not kept and its rows fall back to a pass over
+    /// the codes), the gather's start marks `i32 [B*H, TP]` and the rows' companion-fill
+    /// arrival counters `i32 [B*H]` (both kept zero by the kernel).
+    /// Counts zero-filled at creation, on import and when `capc` changes. The buckets
+    /// take `B*H x 4096 x capc x 4` bytes, `capc = 2 cdiv(cap, 4096) + 16` (large
+    /// workload: 128 rows, cap 130944: 168 MB), allocated only when the path is chosen.
+    pub ihist: DevBuf<i32>,
+    pub ihistn: DevBuf<i32>,
+    pub bkt: DevBuf<i32>,
+    pub mark: DevBuf<i32>,
+    pub ready: DevBuf<i32>,
+    /// Bucket capacity (0: buckets not allocated).
+    pub capc: usize,
+    /// The select kernel's staging `i64 [CTAs, 2 K_PAD]`, per-chunk candidates `i64
+    /// [CTAs, K_PAD]` and per-row completion counters `i32 [B*H]`.
+    pub stage: DevBuf<i64>,
+    pub cand: DevBuf<i64>,
+    pub count: DevBuf<i32>,
+    /// The outputs: `sparse_list i64 [B, H, total]`, `sparse_len i64 [B, H]`,
+    /// `weight_list [B, H, S]` (weight dtype, as bytes).
+    pub sparse_list: DevBuf<i64>,
+    pub sparse_len: DevBuf<i64>,
+    pub weight: DevBuf<u8>,
+}
+
+impl DeviceState {
+    /// Upload `centroids` and `phi` (lengths already checked) and allocate the buffers
+    /// whose size does not depend on `S`, zero-filled: the counters, and the histogram
+    /// and indexed paths' counts where their kernels are built.
+    ///
+    /// Errors: driver errors.
+    pub fn new(
+        stream: Arc<CudaStream>,
+        cfg: PqConfig,
+        shape: Shape,
+        kernels: &Kernels,
+        centroids: &[f32],
+        phi: &[f32],
+    ) -> Result<Self> {
+        let drv = |what: &str| {
+            let what = what.to_string();
+            move |e| crate::device::driver_err(what, e)
+        };
+        let centroids = stream
+            .clone_htod(centroids)
+            .map_err(drv("uploading centroids"))?;
+        let phi = stream.clone_htod(phi).map_err(drv("uploading phi"))?;
+        let mut me = DeviceState {
+            stream,
+            cfg,
+            shape,
+            centroids,
+            phi,
+            codes: DevBuf::new(),
+            cap: 0,
+            n_cached: 0,
+            lut: DevBuf::new(),
+            hist: DevBuf::new(),
+            histn: DevBuf::new(),
+            hist_lvl: DevBuf::new(),
+            hist_lut: DevBuf::new(),
+            split_bnd: DevBuf::new(),
+            split_need: DevBuf::new(),
+            split_flag: DevBuf::new(),
+            split_ctr: DevBuf::new(),
+            ihist: DevBuf::new(),
+            ihistn: DevBuf::new(),
+            bkt: DevBuf::new(),
+            mark: DevBuf::new(),
+            ready: DevBuf::new(),
+            capc: 0,
+            stage: DevBuf::new(),
+            cand: DevBuf::new(),
+            count: DevBuf::new(),
+            sparse_list: DevBuf::new(),
+            sparse_len: DevBuf::new(),
+            weight: DevBuf::new(),
+        };
+        let (m, k) = (cfg.m(), cfg.k_centroids());
+        let rows = shape.b * shape.h;
+        let st = me.stream.clone();
+        me.count.ensure(&st, rows)?;
+        me.sparse_len.ensure(&st, rows)?;
+        if kernels.hist.is_some() {
+            // allocated zero-filled: an empty histogram counting no keys
+            me.hist.ensure(&st, rows * HIST_COMBOS)?;
+            me.histn.ensure(&st, rows)?;
+            me.hist_lvl.ensure(&st, rows * HIST_LEVEL_BINS)?;
+            me.hist_lut.ensure(&st, rows * m * k)?;
+            me.split_bnd.ensure(&st, rows * 2)?;
+            me.split_need.ensure(&st, rows)?;
+            me.split_ctr.ensure(&st, 1)?;
+        }
+        if let Some(ik) = &kernels.index {
+            let tp = ik.tp;
+            me.ihist.ensure(&st, rows * HIST_COMBOS)?;
+            me.ihistn.ensure(&st, rows)?;
+            me.mark.ensure(&st, rows * tp)?;
+            // zero-filled: no row's companion has arrived
+            me.ready.ensure(&st, rows)?;
+        }
+        Ok(me)
+    }
+
+    /// Rows of the outputs, `B*H`.
+    pub fn rows(&self) -> usize {
+        self.shape.b * self.shape.h
+    }
+
+    /// Grow the code state to hold at least `n` keys per (batch, KV head, subvector),
+    /// keeping the `N_cached` codes (re-laid out on the device, synchronously; only on
+    /// growth).
+    pub fn grow_codes(&mut self, kernels: &Kernels, order: &ArgOrder, n: usize) -> Result<()> {
+        if n <= self.cap {
+            return Ok(());
+        }
+        let new_cap = n.max(self.cap * 2).max(16).div_ceil(16) * 16;
+        let (b, h_kv, m) = (self.shape.b, self.shape.h_kv, self.cfg.m());
+        let mut next: DevBuf<u8> = DevBuf::new();
+        next.ensure(&self.stream, b * h_kv * m * new_cap)?;
+        if self.n_cached > 0 {
+            // re-layout through the upstream i64 form, on the device (only on growth)
+            let mut tmp: DevBuf<i64> = DevBuf::new();
+            let nc = self.n_cached;
+            tmp.ensure(&self.stream, b * nc * h_kv * m)?;
+            let src = self.codes.ptr(&self.stream);
+            self.launch_codes_copy(
+                kernels,
+                order,
+                true,
+                src,
+                tmp.ptr(&self.stream),
+                nc,
+                self.cap,
+            )?;
+            self.launch_codes_copy(
+                kernels,
+                order,
+                false,
+                tmp.ptr(&self.stream),
+                next.ptr(&self.stream),
+                nc,
+                new_cap,
+            )?;
+            self.stream
+                .synchronize()
+                .map_err(|e| crate::device::driver_err("growing the code state", e))?;
+        }
+        self.codes = next;
+        self.cap = new_cap;
+        Ok(())
+    }
+
+    /// export (u8 state -> i64 upstream) when `export`, else import.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_codes_copy(
+        &self,
+        kernels: &Kernels,
+        order: &ArgOrder,
+        export: bool,
+        src: u64,
+        dst: u64,
+        n: usize,
+        cap: usize,
+    ) -> Result<()> {
+        let k = if export {
+            &kernels.export
+        } else {
+            &kernels.import
+        };
+        let block = constexpr_usize(k, "BLOCK")?;
+        let rows = self.shape.b * self.shape.h_kv * self.cfg.m();
+        let args = order.args(
+            k,
+            &[
+                ("src_ptr", KernelArg::Ptr(src)),
+                ("dst_ptr", KernelArg::Ptr(dst)),
+                ("N", i32_arg("N", n)?),
+                ("H_kv", i32_arg("H_kv", self.shape.h_kv)?),
+                ("M", i32_arg("M", self.cfg.m())?),
+                ("cap", i32_arg("cap", cap)?),
+            ],
+            false,
+        )?;
+        let grid = [n.div_ceil(block).max(1) as u32, rows as u32, 1];
+        // SAFETY: src and dst are this indexer's buffers (or a temp of the same
+        // stream) sized for `rows x cap` u8 codes and `B x n x H_kv x M` i64 codes; the
+        // kernel touches j < n <= cap only; everything runs on self.stream in order.
+        unsafe { k.launch(&self.stream, grid, &args) }
+    }
+
+    /// Replace the code state with `n` keys of upstream-layout codes `i64 [B, n, H_kv,
+    /// M]` (length and range already checked). Synchronous.
+    pub fn import_codes(
+        &mut self,
+        kernels: &Kernels,
+        order: &ArgOrder,
+        codes: &[i64],
+        n: usize,
+    ) -> Result<()> {
+        self.n_cached = 0;
+        self.reset_hist()?;
+        self.grow_codes(kernels, order, n)?;
+        if n > 0 {
+            let src = self
+                .stream
+                .clone_htod(codes)
+                .map_err(|e| crate::device::driver_err("uploading codes", e))?;
+            let srcp = src.device_ptr(&self.stream).0;
+            let dst = self.codes.ptr(&self.stream);
+            self.launch_codes_copy(kernels, order, false, srcp, dst, n, self.cap)?;
+            self.stream
+                .synchronize()
+                .map_err(|e| crate::device::driver_err("importing codes", e))?;
+        }
+        self.n_cached = n;
+        Ok(())
+    }
+
+    /// The code state in the upstream layout `i64 [B, N_cached, H_kv, M]`. Synchronous.
+    pub fn export_codes(&self, kernels: &Kernels, order: &ArgOrder) -> Result<Vec<i64>> {
+        let (b, h_kv, m, n) = (self.shape.b, self.shape.h_kv, self.cfg.m(), self.n_cached);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut tmp: DevBuf<i64> = DevBuf::new();
+        tmp.ensure(&self.stream, b * n * h_kv * m)?;
+        self.launch_codes_copy(
+            kernels,
+            order,
+            true,
+            self.codes.ptr(&self.stream),
+            tmp.ptr(&self.stream),
+            n,
+            self.cap,
+        )?;
+        let mut host = self
+            .stream
+            .clone_dtoh(tmp.slice().expect("allocated above"))
+            .map_err(|e| crate::device::driver_err("downloading codes", e))?;
+        host.truncate(b * n * h_kv * m);
+        Ok(host)
+    }
+
+    /// Forget the histogram paths' counts (the codes they counted are being replaced):
+    /// zero `hist`, `histn`, `ihist` and `ihistn`, so the next histogram step counts
+    /// every candidate anew.
+    pub fn reset_hist(&mut self) -> Result<()> {
+        let st = self.stream.clone();
+        for b in [
+            &mut self.hist,
+            &mut self.histn,
+            &mut self.ihist,
+            &mut self.ihistn,
+        ] {
+            if let Some(buf) = b.slice_mut() {
+                st.memset_zeros(buf).map_err(|e| {
+                    crate::device::driver_err("clearing the combination histogram", e)
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Make sure every buffer a step at `s` under `path` needs exists (allocation
+    /// happens here, never inside a captured or steady-state step once sizes stop
+    /// growing).
+    pub fn ensure_buffers(
+        &mut self,
+        kernels: &Kernels,
+        order: &ArgOrder,
+        path: SelectPath,
+        s: usize,
+    ) -> Result<()> {
+        let st = self.stream.clone();
+        let rows = self.rows();
+        let (m, k) = (self.cfg.m(), self.cfg.k_centroids());
+        let total = if self.cfg.is_short(s) {
+            s
+        } else {
+            self.cfg.total(s)
+        };
+        self.sparse_list.ensure(&st, rows * total)?;
+        self.weight
+            .ensure(&st, rows * s * self.cfg.weight_dtype.size_bytes())?;
+        if !self.cfg.is_short(s) {
+            let n = self.cfg.n_quantized(s);
+            let ctas = rows * n.div_ceil(kernels.chunk);
+            self.lut.ensure(&st, ctas * m * k)?;
+            self.stage.ensure(&st, ctas * kernels.stage)?;
+            self.cand.ensure(&st, ctas * kernels.k_pad)?;
+            self.grow_codes(kernels, order, n)?;
+            if let Some(sp) = &kernels.split {
+                self.split_flag.ensure(&st, rows * n.div_ceil(sp.tile))?;
+            }
+            if kernels.index.is_some() && path.wants_index() {
+                // buckets sized from the code capacity: twice a uniform share of the
+                // keys per combination, plus 16 (rows whose taken combinations hold more
+                // fall back to a pass over their codes, still exact)
+                let capc = 2 * self.cap.div_ceil(HIST_COMBOS) + 16;
+                if capc != self.capc {
+                    self.bkt.ensure(&st, rows * HIST_COMBOS * capc)?;
+                    self.capc = capc;
+                    // the bucket layout changed: count every candidate anew
+                    self.reset_hist()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every buffer address and capacity a captured step depends on.
+    pub fn buffer_ptrs(&self) -> Vec<u64> {
+        let s = &self.stream;
+        vec![
+            self.codes.ptr(s),
+            self.cap as u64,
+            self.lut.ptr(s),
+            self.stage.ptr(s),
+            self.cand.ptr(s),
+            self.count.ptr(s),
+            self.hist.ptr(s),
+            self.histn.ptr(s),
+            self.hist_lvl.ptr(s),
+            self.hist_lut.ptr(s),
+            self.split_bnd.ptr(s),
+            self.split_need.ptr(s),
+            self.split_flag.ptr(s),
+            self.split_ctr.ptr(s),
+            self.ihist.ptr(s),
+            self.ihistn.ptr(s),
+            self.bkt.ptr(s),
+            self.capc as u64,
+            self.mark.ptr(s),
+            self.ready.ptr(s),
+            self.sparse_list.ptr(s),
+            self.sparse_len.ptr(s),
+            self.weight.ptr(s),
+        ]
+    }
+
+    /// Device addresses of `(sparse_list, sparse_len, weight_list)`.
+    pub fn output_ptrs(&self) -> (u64, u64, u64) {
+        let s = &self.stream;
+        (
+            self.sparse_list.ptr(s),
+            self.sparse_len.ptr(s),
+            self.weight.ptr(s),
+        )
+    }
+
+    /// Copy the outputs to the host, cut to `rows x total` (`sparse_list`), `rows`
+    /// (`sparse_len`) and `rows x s x weight bytes` (`weight_list`, raw bytes).
+    /// Synchronizes first.
+    ///
+    /// Errors: driver errors; panics if no step allocated the outputs.
+    pub fn download_outputs(
+        &self,
+        total: usize,
+        s: usize,
+    ) -> Result<(Vec<i64>, Vec<i64>, Vec<u8>)> {
+        let rows = self.rows();
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        self.stream
+            .synchronize()
+            .map_err(drv("synchronizing the indexer stream"))?;
+        let mut sl = self
+            .stream
+            .clone_dtoh(self.sparse_list.slice().expect("allocated by step"))
+            .map_err(drv("downloading sparse_list"))?;
+        sl.truncate(rows * total);
+        let mut len = self
+            .stream
+            .clone_dtoh(self.sparse_len.slice().expect("allocated in new"))
+            .map_err(drv("downloading sparse_len"))?;
+        len.truncate(rows);
+        let wb = self.cfg.weight_dtype.size_bytes();
+        let mut wraw = self
+            .stream
+            .clone_dtoh(self.weight.slice().expect("allocated by step"))
+            .map_err(drv("downloading weight_list"))?;
+        wraw.truncate(rows * s * wb);
+        Ok((sl, len, wraw))
+    }
+
+    /// Poison every output buffer (sparse_list and sparse_len with -7, weight_list with
+    /// the byte 0x7f). Asynchronous.
+    pub fn poison_outputs(&mut self) -> Result<()> {
+        let st = self.stream.clone();
+        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        if let Some(b) = self.sparse_list.slice_mut() {
+            let v = vec![-7i64; b.len()];
+            st.memcpy_htod(&v, b)
+                .map_err(drv("poisoning sparse_list"))?;
+        }
+        if let Some(b) = self.sparse_len.slice_mut() {
+            let v = vec![-7i64; b.len()];
+            st.memcpy_htod(&v, b).map_err(drv("poisoning sparse_len"))?;
+        }
+        if let Some(b) = self.weight.slice_mut() {
+            let v = vec![0x7fu8; b.len()];
+            st.memcpy_htod(&v, b)
+                .map_err(drv("poisoning weight_list"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,564 @@
+//! The GPU step plan on the CPU: `plan_step` is pure, so every branch of the choice
+//! between the short path, the chunked select (with or without bulk quantize), `pq_hist`,
+//! the split path and the indexed path's three weight fills is checked here without a
+//! GPU, with the device facts (SM count, which kernels are built) made up per case.
+
+use tritonrt::pq::plan::{
+    plan_step, HistFacts, IndexFacts, PlanFacts, SelectPath, StepKind, StepPlan,
+    AUTO_HIST_MIN_KEYS, AUTO_HIST_MIN_ROWS, AUTO_SPLIT_MIN_KEYS, BULK_QUANTIZE_MIN,
+    COMPANION_FILL_MAX_BYTES,
+};
+use tritonrt::pq::{DType, PqConfig, Shape};
+use tritonrt::Error;
+
+/// `pq_emit`'s TILE in these tests.
+const TILE: usize = 2048;
+/// The H100's SM count.
+const H100_SMS: u32 = 132;
+
+/// The reference config: sink = window = heavy = init_offset = 128, M = 2, K = 64
+/// (short threshold 321), fp32.
+fn rcfg() -> PqConfig {
+    PqConfig::reference_workload()
+}
+
+/// `rows = b x h` rows (`H_kv = H`, `D = 128`; `S` is the step's).
+fn shape(b: usize, h: usize) -> Shape {
+    Shape {
+        b,
+        h,
+        h_kv: h,
+        s: 0,
+        d: 128,
+    }
+}
+
+/// Every histogram kernel built (sm_90: `pq_wfill` too) on `sms` SMs.
+fn sm90(sms: u32) -> PlanFacts {
+    PlanFacts {
+        sm_count: sms,
+        hist: Some(HistFacts { emit_tile: TILE }),
+        index: Some(IndexFacts { wfill: true }),
+    }
+}
+
+/// `pq_index` built without `pq_wfill` (sm_80).
+fn sm80(sms: u32) -> PlanFacts {
+    PlanFacts {
+        index: Some(IndexFacts { wfill: false }),
+        ..sm90(sms)
+    }
+}
+
+/// `pq_hist` / split built, no indexed path (e.g. M = 4, or query dtype != weight dtype).
+fn no_index() -> PlanFacts {
+    PlanFacts {
+        index: None,
+        ..sm90(H100_SMS)
+    }
+}
+
+/// No histogram kernel built (`K^M > 4096`); `index` set anyway to show it is ignored.
+fn no_hist() -> PlanFacts {
+    PlanFacts {
+        hist: None,
+        ..sm90(H100_SMS)
+    }
+}
+
+fn plan(
+    cfg: &PqConfig,
+    sh: Shape,
+    s: usize,
+    n_old: usize,
+    path: SelectPath,
+    f: &PlanFacts,
+) -> StepPlan {
+    plan_step(cfg, &sh, s, n_old, path, f).unwrap()
+}
+
+/// The kind of a decode step with `new` new keys at `s`.
+fn kind(
+    cfg: &PqConfig,
+    sh: Shape,
+    s: usize,
+    new: usize,
+    path: SelectPath,
+    f: &PlanFacts,
+) -> StepKind {
+    let n = cfg.n_quantized(s);
+    plan(cfg, sh, s, n - new, path, f).kind
+}
+
+const ALL_PATHS: [SelectPath; 7] = [
+    SelectPath::Auto,
+    SelectPath::Chunked,
+    SelectPath::Hist,
+    SelectPath::Split,
+    SelectPath::Index,
+    SelectPath::IndexCompanion,
+    SelectPath::IndexWfill,
+];
+
+#[test]
+fn short_path_up_to_the_threshold() {
+    let cfg = rcfg();
+    let th = cfg.short_threshold();
+    assert_eq!(th, 128 + 128 + 1 + 64);
+    for path in ALL_PATHS {
+        for s in [1, 100, th - 1, th] {
+            for n_old in [0, 5, 1000] {
+                let p = plan(&cfg, shape(1, 32), s, n_old, path, &sm90(H100_SMS));
+                assert_eq!(p.kind, StepKind::Short, "S={s} {path:?}");
+                // the short path quantizes nothing: N_cached stays
+                assert_eq!((p.s, p.n_old, p.n, p.total), (s, n_old, n_old, s));
+                let i = p.info();
+                assert!(i.short && !i.hist && !i.split && !i.index && !i.companion);
+                assert_eq!((i.launches, i.total, i.s, i.captured), (1, s, s, false));
+            }
+        }
+        let p = plan(&cfg, shape(1, 32), th + 1, 0, path, &sm90(H100_SMS));
+        assert_ne!(p.kind, StepKind::Short);
+        assert_eq!((p.n, p.total), (th + 1 - 128, 128 + 128 + 128));
+    }
+}
+
+#[test]
+fn rejects_an_empty_sequence_and_a_state_ahead_of_it() {
+    let cfg = rcfg();
+    let f = sm90(H100_SMS);
+    let e = plan_step(&cfg, &shape(1, 32), 0, 0, SelectPath::Auto, &f).unwrap_err();
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    let s = 1000;
+    let n = cfg.n_quantized(s);
+    let e = plan_step(&cfg, &shape(1, 32), s, n + 1, SelectPath::Auto, &f).unwrap_err();
+    assert!(e.to_string().contains("ahead of the sequence"), "{e}");
+    // exactly caught up: no new key
+    let p = plan(&cfg, shape(1, 32), s, n, SelectPath::Chunked, &f);
+    assert_eq!(
+        p.kind,
+        StepKind::Chunked {
+            bulk_quantize: false
+        }
+    );
+}
+
+#[test]
+fn chunked_bulk_quantizes_more_than_the_minimum_of_new_keys() {
+    let cfg = rcfg();
+    let s = 32000;
+    let n = cfg.n_quantized(s);
+    for f in [sm90(H100_SMS), no_index(), no_hist()] {
+        for (n_old, bulk) in [
+            (n, false),
+            (n - 1, false),
+            (n - BULK_QUANTIZE_MIN, false),
+            (n - BULK_QUANTIZE_MIN - 1, true),
+            (0, true),
+        ] {
+            let p = plan(&cfg, shape(1, 32), s, n_old, SelectPath::Chunked, &f);
+            assert_eq!(
+                p.kind,
+                StepKind::Chunked {
+                    bulk_quantize: bulk
+                }
+            );
+            let i = p.info();
+            assert_eq!(i.launches, 1 + usize::from(bulk));
+            assert!(!i.short && !i.hist && !i.split && !i.index && !i.companion);
+        }
+    }
+}
+
+#[test]
+fn without_histogram_kernels_every_path_is_chunked() {
+    let cfg = rcfg();
+    for path in ALL_PATHS {
+        for (b, h, s) in [(1, 32, 32000), (4, 32, 131072), (1, 8, 20000)] {
+            assert_eq!(
+                kind(&cfg, shape(b, h), s, 1, path, &no_hist()),
+                StepKind::Chunked {
+                    bulk_quantize: false
+                },
+                "{path:?} B={b} H={h} S={s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn histogram_path_needs_few_new_keys_none_of_them_a_candidate() {
+    let cfg = rcfg();
+    let s = 32000;
+    for path in [SelectPath::Hist, SelectPath::Split, SelectPath::Index] {
+        for f in [sm90(H100_SMS), no_index()] {
+            let k = kind(&cfg, shape(1, 32), s, BULK_QUANTIZE_MIN, path, &f);
+            assert!(k.is_hist(), "{path:?}: {k:?}");
+            // one more new key: catch-up, the bulk quantize kernel and the chunked select
+            let k = kind(&cfg, shape(1, 32), s, BULK_QUANTIZE_MIN + 1, path, &f);
+            assert_eq!(
+                k,
+                StepKind::Chunked {
+                    bulk_quantize: true
+                }
+            );
+        }
+    }
+    // a window narrower than the new keys: some new key is a candidate (w0 > n_old)
+    let narrow = PqConfig {
+        window_size: 4,
+        ..rcfg()
+    };
+    let f = sm90(H100_SMS);
+    assert_eq!(
+        kind(&narrow, shape(1, 32), s, 4, SelectPath::Hist, &f),
+        StepKind::Hist
+    );
+    for path in [
+        SelectPath::Hist,
+        SelectPath::Split,
+        SelectPath::Index,
+        SelectPath::Auto,
+    ] {
+        assert_eq!(
+            kind(&narrow, shape(1, 32), s, 5, path, &f),
+            StepKind::Chunked {
+                bulk_quantize: false
+            },
+            "{path:?}"
+        );
+    }
+}
+
+#[test]
+fn split_where_every_heavy_pick_lies_between_sink_and_window() {
+    let cfg = rcfg();
+    let s = 32000;
+    let parts = cfg.n_quantized(s).div_ceil(TILE);
+    assert_eq!(parts, 16);
+    // Split, and the index paths where no pq_index is built, take split when it applies
+    for path in [
+        SelectPath::Split,
+        SelectPath::Index,
+        SelectPath::IndexCompanion,
+        SelectPath::IndexWfill,
+    ] {
+        let k = kind(&cfg, shape(1, 32), s, 1, path, &no_index());
+        assert_eq!(k, StepKind::Split { parts }, "{path:?}");
+        let i = plan(
+            &cfg,
+            shape(1, 32),
+            s,
+            cfg.n_quantized(s) - 1,
+            path,
+            &no_index(),
+        )
+        .info();
+        assert!(i.hist && i.split && !i.index && !i.companion && i.launches == 2);
+    }
+    // each precondition broken in turn: pq_hist instead
+    let sink_past_offset = PqConfig {
+        sink_size: 256,
+        ..rcfg()
+    };
+    let window_past_offset = PqConfig {
+        window_size: 100_000,
+        ..rcfg()
+    };
+    let heavy_in_window = PqConfig {
+        window_size: 800,
+        ..rcfg()
+    };
+    for (c, s) in [
+        (sink_past_offset, 32000),
+        (window_past_offset, 32000),
+        (heavy_in_window, 1000),
+    ] {
+        assert!(!c.is_short(s));
+        for path in [SelectPath::Split, SelectPath::Index, SelectPath::Hist] {
+            assert_eq!(
+                kind(&c, shape(1, 32), s, 1, path, &no_index()),
+                StepKind::Hist,
+                "{c} S={s} {path:?}"
+            );
+        }
+    }
+    // Hist never splits, Chunked never takes the histogram path
+    assert_eq!(
+        kind(&cfg, shape(1, 32), s, 1, SelectPath::Hist, &sm90(H100_SMS)),
+        StepKind::Hist
+    );
+    assert_eq!(
+        kind(
+            &cfg,
+            shape(1, 32),
+            s,
+            1,
+            SelectPath::Chunked,
+            &sm90(H100_SMS)
+        ),
+        StepKind::Chunked {
+            bulk_quantize: false
+        }
+    );
+}
+
+#[test]
+fn auto_without_the_indexed_path_by_rows_and_keys() {
+    let cfg = rcfg();
+    let f = no_index();
+    let s_for = |n: usize| n + cfg.init_offset;
+    let auto =
+        |rows_h: usize, n: usize| kind(&cfg, shape(1, rows_h), s_for(n), 1, SelectPath::Auto, &f);
+    let chunked = StepKind::Chunked {
+        bulk_quantize: false,
+    };
+    let split = |n: usize| StepKind::Split {
+        parts: n.div_ceil(TILE),
+    };
+    let few = AUTO_HIST_MIN_ROWS - 1;
+    let many = AUTO_HIST_MIN_ROWS;
+    // fewer rows than 64: split from 16384 keys
+    assert_eq!(auto(32, AUTO_SPLIT_MIN_KEYS), split(AUTO_SPLIT_MIN_KEYS));
+    assert_eq!(auto(32, AUTO_SPLIT_MIN_KEYS - 1), chunked);
+    assert_eq!(auto(few, 20000), split(20000));
+    assert_eq!(auto(few, 200_000), split(200_000));
+    // 64 rows and more: pq_hist from 32768 keys
+    assert_eq!(auto(many, 20000), chunked);
+    assert_eq!(auto(many, AUTO_HIST_MIN_KEYS - 1), chunked);
+    assert_eq!(auto(many, AUTO_HIST_MIN_KEYS), StepKind::Hist);
+    assert_eq!(auto(128, 131072 - 128), StepKind::Hist);
+    // few rows where split does not apply: chunked, never pq_hist
+    let no_split = PqConfig {
+        sink_size: 256,
+        ..rcfg()
+    };
+    assert_eq!(
+        kind(&no_split, shape(1, 32), 40000, 1, SelectPath::Auto, &f),
+        chunked
+    );
+    assert_eq!(
+        kind(&no_split, shape(1, 64), 40000, 1, SelectPath::Auto, &f),
+        StepKind::Hist
+    );
+    // catch-up: chunked with the bulk quantize kernel
+    assert_eq!(
+        kind(
+            &cfg,
+            shape(1, 32),
+            32000,
+            BULK_QUANTIZE_MIN + 1,
+            SelectPath::Auto,
+            &f
+        ),
+        StepKind::Chunked {
+            bulk_quantize: true
+        }
+    );
+    // the spec's workloads: reference split, large pq_hist
+    let r = Shape::reference();
+    assert_eq!(
+        kind(&cfg, r, r.s, 1, SelectPath::Auto, &f),
+        split(r.s - 128)
+    );
+    let l = Shape::large();
+    assert_eq!(kind(&cfg, l, l.s, 1, SelectPath::Auto, &f), StepKind::Hist);
+}
+
+#[test]
+fn indexed_path_where_built_and_asked_for() {
+    let cfg = rcfg();
+    let f = sm90(H100_SMS);
+    let (r, l) = (Shape::reference(), Shape::large());
+    // Auto and Index: the reference workload is one launch (64 CTAs, 128 000 bytes a
+    // row), the large one pq_wfill + pq_index (256 CTAs > 132 SMs)
+    for path in [SelectPath::Auto, SelectPath::Index] {
+        let p = plan(&cfg, r, r.s, cfg.n_quantized(r.s) - 1, path, &f);
+        assert_eq!(p.kind, StepKind::IndexCompanion);
+        let i = p.info();
+        assert!(i.hist && i.index && i.companion && !i.split && !i.short && i.launches == 1);
+        let p = plan(&cfg, l, l.s, cfg.n_quantized(l.s) - 1, path, &f);
+        assert_eq!(p.kind, StepKind::IndexWfill);
+        let i = p.info();
+        assert!(i.hist && i.index && !i.companion && !i.split && i.launches == 2);
+        // also below the Auto thresholds of pq_hist / split
+        assert!(kind(&cfg, shape(1, 8), 1000, 1, path, &f).is_index());
+    }
+    // the forced fills
+    assert_eq!(
+        kind(&cfg, l, l.s, 1, SelectPath::IndexCompanion, &f),
+        StepKind::IndexCompanion
+    );
+    assert_eq!(
+        kind(&cfg, r, r.s, 1, SelectPath::IndexWfill, &f),
+        StepKind::IndexWfill
+    );
+    // paths that do not want it
+    assert_eq!(kind(&cfg, r, r.s, 1, SelectPath::Hist, &f), StepKind::Hist);
+    assert_eq!(
+        kind(&cfg, r, r.s, 1, SelectPath::Split, &f),
+        StepKind::Split { parts: 16 }
+    );
+    assert_eq!(
+        kind(&cfg, r, r.s, 1, SelectPath::Chunked, &f),
+        StepKind::Chunked {
+            bulk_quantize: false
+        }
+    );
+    for path in ALL_PATHS {
+        assert_eq!(
+            path.wants_index(),
+            !matches!(
+                path,
+                SelectPath::Chunked | SelectPath::Hist | SelectPath::Split
+            )
+        );
+    }
+}
+
+#[test]
+fn companion_fill_by_sm_count_and_row_bytes() {
+    let cfg = rcfg();
+    let s = 20000;
+    for path in [SelectPath::Auto, SelectPath::Index] {
+        // every CTA of the launch on an SM of its own: 2 x rows <= SMs
+        let k = |h: usize, sms: u32| kind(&cfg, shape(1, h), s, 1, path, &sm90(sms));
+        assert_eq!(k(66, 132), StepKind::IndexCompanion);
+        assert_eq!(k(67, 132), StepKind::IndexWfill);
+        assert_eq!(k(32, 64), StepKind::IndexCompanion);
+        assert_eq!(k(32, 63), StepKind::IndexWfill);
+        assert_eq!(k(1, 2), StepKind::IndexCompanion);
+        assert_eq!(k(1, 1), StepKind::IndexWfill);
+        // a row's weights at most COMPANION_FILL_MAX_BYTES (4 bytes each in fp32, 2 in bf16)
+        let f = sm90(H100_SMS);
+        let at = |c: &PqConfig, s: usize| kind(c, shape(1, 32), s, 1, path, &f);
+        let fp32_max = COMPANION_FILL_MAX_BYTES / 4;
+        assert_eq!(at(&cfg, fp32_max), StepKind::IndexCompanion);
+        assert_eq!(at(&cfg, fp32_max + 1), StepKind::IndexWfill);
+        let bf16 = PqConfig {
+            input_dtype: DType::BF16,
+            weight_dtype: DType::BF16,
+            ..rcfg()
+        };
+        assert_eq!(at(&bf16, fp32_max + 1), StepKind::IndexCompanion);
+        assert_eq!(at(&bf16, 2 * fp32_max), StepKind::IndexCompanion);
+        assert_eq!(at(&bf16, 2 * fp32_max + 1), StepKind::IndexWfill);
+        // sm_80 (no pq_wfill): companions whatever the row's bytes, while they fit the
+        // SMs; else each row CTA writes its own row
+        let k80 = |h: usize, s: usize| kind(&cfg, shape(1, h), s, 1, path, &sm80(108));
+        assert_eq!(k80(54, 200_000), StepKind::IndexCompanion);
+        assert_eq!(k80(55, 20000), StepKind::IndexRowFill);
+        let p = plan(
+            &cfg,
+            shape(1, 55),
+            s,
+            cfg.n_quantized(s) - 1,
+            path,
+            &sm80(108),
+        );
+        let i = p.info();
+        assert!(i.hist && i.index && !i.companion && !i.split && i.launches == 1);
+    }
+    // the forced fills on sm_80
+    let big = shape(4, 32);
+    assert_eq!(
+        kind(&cfg, big, s, 1, SelectPath::IndexCompanion, &sm80(108)),
+        StepKind::IndexCompanion
+    );
+    assert_eq!(
+        kind(&cfg, shape(1, 8), s, 1, SelectPath::IndexWfill, &sm80(108)),
+        StepKind::IndexRowFill
+    );
+}
+
+#[test]
+fn indexed_path_fallbacks() {
+    let cfg = rcfg();
+    let f = sm90(H100_SMS);
+    // catch-up: chunked with the bulk quantize kernel, whatever the path
+    for path in ALL_PATHS {
+        assert_eq!(
+            kind(&cfg, Shape::reference(), 32000, 100, path, &f),
+            StepKind::Chunked {
+                bulk_quantize: true
+            }
+        );
+    }
+    // B*H*S must fit pq_wfill's i32 flat index: 512 rows x 2^22 = 2^31 does not
+    let wide = shape(4, 128);
+    let s = 1 << 22;
+    let n = cfg.n_quantized(s);
+    let split = StepKind::Split {
+        parts: n.div_ceil(TILE),
+    };
+    for path in [
+        SelectPath::Index,
+        SelectPath::IndexCompanion,
+        SelectPath::IndexWfill,
+        SelectPath::Split,
+    ] {
+        assert_eq!(kind(&cfg, wide, s, 1, path, &f), split, "{path:?}");
+    }
+    // Auto falls back to its own rule: 512 rows of 4M keys, pq_hist
+    assert_eq!(kind(&cfg, wide, s, 1, SelectPath::Auto, &f), StepKind::Hist);
+    // one position less fits
+    assert_eq!(
+        kind(&cfg, wide, s - 1, 1, SelectPath::Auto, &f),
+        StepKind::IndexWfill
+    );
+    assert_eq!(
+        kind(&cfg, wide, s - 1, 1, SelectPath::IndexCompanion, &f),
+        StepKind::IndexCompanion
+    );
+}
+
+#[test]
+fn launch_counts_and_flags_of_every_kind() {
+    let kinds = [
+        (StepKind::Short, 1),
+        (
+            StepKind::Chunked {
+                bulk_quantize: false,
+            },
+            1,
+        ),
+        (
+            StepKind::Chunked {
+                bulk_quantize: true,
+            },
+            2,
+        ),
+        (StepKind::Hist, 1),
+        (StepKind::Split { parts: 3 }, 2),
+        (StepKind::IndexWfill, 2),
+        (StepKind::IndexRowFill, 1),
+        (StepKind::IndexCompanion, 1),
+    ];
+    for (k, launches) in kinds {
+        let p = StepPlan {
+            kind: k,
+            s: 1000,
+            n_old: 871,
+            n: 872,
+            total: 384,
+        };
+        let i = p.info();
+        assert_eq!(i.launches, launches, "{k:?}");
+        assert_eq!(i.kind, k);
+        assert_eq!((i.s, i.total, i.captured), (1000, 384, false));
+        assert_eq!(i.short, k == StepKind::Short);
+        assert_eq!(
+            i.hist,
+            !matches!(k, StepKind::Short | StepKind::Chunked { .. })
+        );
+        assert_eq!(i.split, matches!(k, StepKind::Split { .. }));
+        assert_eq!(
+            i.index,
+            matches!(
+                k,
+                StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion
+            )
+        );
+        assert_eq!(i.companion, k == StepKind::IndexCompanion);
+    }
+}
