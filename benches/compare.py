@@ -90,7 +90,7 @@ class TritonStep:
         self.grid = (n_chunks, B * H)
 
     def __call__(self):
-        pq_select_kernel[self.grid](*self.args, CHUNK=self.CHUNK, K_PAD=self.K_PAD, NCB=self.NCB, FUSE=1,
+        pq_select_kernel[self.grid](*self.args, CHUNK=self.CHUNK, K_PAD=self.K_PAD, NCB=self.NCB,
                                     BLOCK_C=64, BLOCK_DS=32, BLK=32, num_warps=self.NUM_WARPS, num_stages=1)
         return self.sl, self.len, self.w
 
@@ -143,7 +143,7 @@ class IndexStep:
     def __call__(self):
         extra = {}
         if not self.companion:
-            fk = pq_wfill_kernel[(self.sms, )](*self.fill_args, FT=2048, PDL=1, num_warps=4)
+            fk = pq_wfill_kernel[(self.sms, )](*self.fill_args, FT=2048, TRIGGER=1, num_warps=4)
             if not self.carved:
                 prefer_shared_carveout(fk)
                 self.carved = True

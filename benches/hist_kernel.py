@@ -159,7 +159,7 @@ class Step:
                 pass
             elif self.pdl:
                 fk = pq_wfill_kernel[(self.fill_ctas, )](self.w, B * H, self.S, c["sink_size"], c["window_size"],
-                                                        FT=2048, PDL=1, num_warps=self.fill_warps)
+                                                        FT=2048, TRIGGER=1, num_warps=self.fill_warps)
                 if not self.carved:
                     prefer_shared_carveout(fk)
                     self.carved = True

@@ -150,6 +150,12 @@ def compile_job(job):
     v = k.variants[arch][vi]
     constexprs = dict(k.fixed)
     constexprs.update(dict(v.constexprs))
+    # constexprs left out take the signature's default (kspec.Kernel.validate); they are
+    # not part of the variant's id or manifest entry
+    compiled = dict(constexprs)
+    for p in k.fn.params:
+        if p.is_constexpr and p.name not in compiled and p.has_default:
+            compiled[p.name] = p.default
     arg_types = {a.name: a.type for a in k.args}
     signature = {}
     attrs = {}
@@ -161,7 +167,7 @@ def compile_job(job):
     for a in k.args:
         if a.div16:
             attrs[(k.fn.arg_names.index(a.name), )] = [["tt.divisibility", 16]]
-    src = ASTSource(k.fn, signature, constexprs, attrs)
+    src = ASTSource(k.fn, signature, compiled, attrs)
     t0 = time.time()
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
@@ -169,7 +175,7 @@ def compile_job(job):
         # launch (griddepcontrol): the runtime launches it with that attribute (metadata
         # launch_pdl)
         options = {"num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1,
-                   "launch_pdl": constexprs.get("PDL") == 1}
+                   "launch_pdl": compiled.get("PDL") == 1}
         if k.maxnreg:
             options["maxnreg"] = k.maxnreg
         ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

@@ -189,7 +189,7 @@ def run_index(st, S, n_old, cfg, tile, mp=2, mode=0):
     rows = B * H
     sl, ln, w = poisoned_outputs(rows, S, cfg)
     if not fill:
-        pq_wfill_kernel[(3, )](w, rows, S, cfg["sink"], cfg["window"], FT=INDEX_FIXED["FT"], PDL=0, num_warps=4)
+        pq_wfill_kernel[(3, )](w, rows, S, cfg["sink"], cfg["window"], FT=INDEX_FIXED["FT"], TRIGGER=0, num_warps=4)
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
     with reversed_grid() if mode == 2 else contextlib.nullcontext():

@@ -45,13 +45,12 @@ step; the host zero-fills ``hist``, ``histn`` and ``lvl`` once and ``histn`` aga
 replacing the codes.
 """
 
-import os
 
 import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_select import _nearest, _store_lut
+from pq_select import INTERPRETED, _nearest, _store_lut
 
 
 @triton.jit
@@ -330,10 +329,9 @@ def _combo_scores(hist_row, lut_row, M, K, bits, NC: tl.constexpr):
     return cnt, s
 
 
-#: whether Triton's interpreter runs this (TRITON_INTERPRET=1): it reduces tuples one
-#: element at a time in Python (minutes per check), so there the 2-, 3- and 8-way tuple
-#: reductions below take one one-operand reduction each (same results)
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+# INTERPRETED (from pq_select): Triton's interpreter reduces tuples one element at a time
+# in Python (minutes per check), so there the 2-, 3- and 8-way tuple reductions below take
+# one one-operand reduction each (same results)
 
 
 @triton.jit
@@ -603,7 +601,9 @@ def _row_pass(crow, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, ini
 
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows loaded per key: M <= MP
-FIXED = {"NC": 4096, "NB": 1024, "LEVELS": 3, "DT": 1024, "BLOCK_C": 64, "BLOCK_DS": 64, "TIMER": 0}
+# (TIMER, the phase stamps, stays at its default 0 in built variants: benches/hist_kernel.py
+# sets it in its own JIT builds)
+FIXED = {"NC": 4096, "NB": 1024, "LEVELS": 3, "DT": 1024, "BLOCK_C": 64, "BLOCK_DS": 64}
 TUNED = {("fp32", "fp32", 2), ("bf16", "bf16", 2)}
 
 

@@ -9,7 +9,7 @@ slot), so the row gathers the keys of the few combinations near the top (a few h
 entries), picks the heavy ones among them and writes them.
 
 Who writes ``weight_list``'s zeros and sink / window ones (``fill``, a runtime
-argument): with ``fill = 0``, ``pq_wfill_kernel`` (sm_90: PDL=1) over every SM, letting
+argument): with ``fill = 0``, ``pq_wfill_kernel`` (sm_90: TRIGGER=1) over every SM, letting
 ``pq_index_kernel``, launched as its programmatic dependent, start at once (the row CTAs
 write their heavy ones after ``griddepcontrol.wait``), or on sm_80 (PDL=0, no
 ``pq_wfill``) each row CTA its own row first; with ``fill = 1`` (one launch, no PDL
@@ -54,7 +54,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kspec import Kernel, i32, i64, ptr, single
-from pq_select import _lut_tile
+from pq_select import _lut_tile, _row_dots
 from pq_hist import (DTYPES, FIXED as HIST_FIXED, INTERPRETED, _combo_scores, _combos, _head_lut, _quantize_cta,
                      _red_add_max, _rounds, _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
 
@@ -90,8 +90,8 @@ def _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC: tl.constexpr
     row's histogram (``hist_row``'s first NC entries). H100, JIT harness, companion fill
     (NOTES.md, session 14): reference 11.5-11.7 -> 10.9-11.1 us GPU per step, S=65536
     16.1-16.5 -> 12.8."""
-    lut0 = tl.sum(cen0 * q0[None, :], axis=1)
-    lut1 = tl.sum(cen1 * q1[None, :], axis=1)
+    lut0 = _row_dots(cen0, q0)
+    lut1 = _row_dots(cen1, q1)
     c = tl.arange(0, lut0.shape[0])
     tl.store(lut_row + c, lut0, mask=c < K)
     tl.store(lut_row + K + c, lut1, mask=c < K)
@@ -339,13 +339,16 @@ def _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT: tl.constexpr):
 
 
 @triton.jit
-def pq_wfill_kernel(w_ptr, rows, S, sink, window, FT: tl.constexpr, PDL: tl.constexpr = 1):
-    """``weight_list`` (``rows * S < 2^31`` elements, flat) before ``pq_index`` (PDL=1):
-    1 in each row's sink and window, else 0; a persistent grid (CTA ``i`` of ``n`` takes
-    every ``n``-th block of FT elements, 16-byte stores). Lets its dependent launch start
-    at once (programmatic dependent launch): ``pq_index`` waits for this grid only
-    before its heavy ones."""
-    if PDL:
+def pq_wfill_kernel(w_ptr, rows, S, sink, window, FT: tl.constexpr, TRIGGER: tl.constexpr = 1):
+    """``weight_list`` (``rows * S < 2^31`` elements, flat) before ``pq_index``: 1 in each
+    row's sink and window, else 0; a persistent grid (CTA ``i`` of ``n`` takes every
+    ``n``-th block of FT elements, 16-byte stores). With TRIGGER=1 it lets its dependent
+    launch start at once (``griddepcontrol.launch_dependents``): ``pq_index``, launched as
+    its programmatic dependent, waits for this grid only before its heavy ones. This
+    kernel itself is launched without the programmatic attribute (manifest
+    ``launch_pdl`` false): it waits for nothing, so it must start only after the work
+    before it on the stream has completed and its stores are visible."""
+    if TRIGGER:
         gdc_launch_dependents()
     wty = w_ptr.dtype.element_ty
     s_sink = tl.minimum(sink, S)
@@ -472,7 +475,7 @@ def pq_index_kernel(
 # ----------------------------------------------------------------------------------
 # declarations for the build
 
-INDEX_FIXED = dict({k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS", "TIMER")},
+INDEX_FIXED = dict({k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")},
                    TP=256, FT=2048, CUTS=3)
 
 
@@ -508,4 +511,4 @@ for _t in DTYPES:
     KERNELS.append(
         Kernel(name=f"pq_wfill.w_{_t}", fn=pq_wfill_kernel,
                args=(ptr("w_ptr", _t), i32("rows"), i32("S"), i32("sink"), i32("window")),
-               fixed={"FT": 2048}, variants={80: single({"PDL": 0}, 4, 1), 90: single({"PDL": 1}, 4, 1)}))
+               fixed={"FT": 2048}, variants={80: single({"TRIGGER": 0}, 4, 1), 90: single({"TRIGGER": 1}, 4, 1)}))

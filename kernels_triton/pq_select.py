@@ -27,10 +27,17 @@ Kernels (launch contract: README.md in this directory):
   ``[B, N, H_kv, M]`` codes <-> the u8 ``[B, H_kv, M, cap]`` state, on the device.
 """
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from kspec import Kernel, Variant, grid, i32, i64, ptr, single
+
+#: under Triton's CPU interpreter (``TRITON_INTERPRET=1``, interp_check.py), which has no
+#: libdevice: there numpy rounds every product anyway
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 # Order-preserving int32 image of -inf (0xFF800000 ^ 0x7FFFFFFF) and the padding key.
 NEG_INF_KEY = tl.constexpr(-2139095041)
@@ -148,7 +155,7 @@ def _nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C
             c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :],
                         mask=cmask[:, None] & dmask[None, :], other=0.0)
             diff = x[None, :] - c
-            dist += tl.sum(diff * diff, axis=1)
+            dist += tl.sum(_mul_rn(diff, diff), axis=1)  # rounded products: see _row_dots
         if metric_ip != 0:
             dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
             dist += dd * dd
@@ -163,10 +170,31 @@ def _nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C
 
 
 @triton.jit
+def _row_dots(c, q):
+    """``sum_d c[:, d] * q[d]`` (f32 ``[rows]``). Each product is rounded before the sum
+    (``mul.rn``: never fused into the reduction's adds). Where a row's sum is held by
+    several threads (a replicated layout), a fused multiply-add would round the own
+    product and the partner's differently in each thread of a butterfly, so the copies
+    would differ in the last bits and whichever copy reaches memory last would win (a
+    write-write race under compute-sanitizer racecheck); with rounded products every copy
+    is the same bits."""
+    return tl.sum(_mul_rn(c, q[None, :]), axis=1)
+
+
+@triton.jit
+def _mul_rn(a, b):
+    """``a * b`` rounded (``mul.rn.f32``), never contracted into a fused multiply-add."""
+    if INTERPRETED:
+        return a * b
+    else:
+        return libdevice.mul_rn(a, b)
+
+
+@triton.jit
 def _lut_tile(q_ptr, qbase, cent_ptr, cbase, offs_c, offs_d, d_s, d_c, K, on):
     """A tile of one subvector's query part (f32, ``offs_d < d_s``) and centroids (f32
     ``[len(offs_c), len(offs_d)]``, rows ``offs_c < K`` at ``cbase + c * d_c``), loaded
-    only where ``on``; its table part is ``tl.sum(cen * q[None, :], axis=1)``."""
+    only where ``on``; its table part is ``_row_dots(cen, q)``."""
     cmask = offs_c < K
     dmask = on & (offs_d < d_s)
     q = tl.load(q_ptr + qbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
@@ -183,7 +211,7 @@ def _store_lut(q_ptr, qbase, cent_ptr, cbase, d_s, d_c, K, out_ptr, BLOCK_C: tl.
         acc = tl.zeros([BLOCK_C], tl.float32)
         for d0 in range(0, d_s, BLOCK_DS):
             q, c = _lut_tile(q_ptr, qbase, cent_ptr, cbase, offs_c, d0 + tl.arange(0, BLOCK_DS), d_s, d_c, K, True)
-            acc += tl.sum(c * q[None, :], axis=1)
+            acc += _row_dots(c, q)
         tl.store(out_ptr + offs_c, acc, mask=offs_c < K)
 
 
@@ -281,7 +309,7 @@ def pq_select_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, lut_ptr, stage_ptr, cand_ptr, count_ptr, sl_ptr, len_ptr, w_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
     H, G, M, K, d_s, S, n_old, cap, sink, window, heavy, init_offset, metric_ip,  #
-    CHUNK: tl.constexpr, K_PAD: tl.constexpr, NCB: tl.constexpr, FUSE: tl.constexpr,
+    CHUNK: tl.constexpr, K_PAD: tl.constexpr, NCB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, BLK: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
@@ -367,24 +395,13 @@ def pq_select_kernel(
             p = p0 + tl.arange(0, BLK)
             tl.store(w_row + p, zero, mask=p < S)
 
-    if FUSE:
-        tl.debug_barrier()
-        done = tl.atomic_add(count_ptr + r, 1, sem="acq_rel", scope="gpu")
-        if done == n_chunks - 1:
-            _finalize_row(r, n_chunks, cand_ptr, sl_ptr, len_ptr, w_ptr, S, n, sink, window, heavy, init_offset,
-                          K_PAD, NCB, BLK)
-            tl.store(count_ptr + r, 0)
-
-
-@triton.jit
-def pq_finalize_kernel(cand_ptr, sl_ptr, len_ptr, w_ptr, S, sink, window, heavy, init_offset,
-                       CHUNK: tl.constexpr, K_PAD: tl.constexpr, NCB: tl.constexpr, BLK: tl.constexpr):
-    """The select kernel's last step as its own launch (for select variants with
-    FUSE=0). Grid: (B*H,)."""
-    r = tl.program_id(0)
-    n = S - init_offset
-    _finalize_row(r, tl.cdiv(n, CHUNK), cand_ptr, sl_ptr, len_ptr, w_ptr, S, n, sink, window, heavy, init_offset,
-                  K_PAD, NCB, BLK)
+    # the row's last CTA to arrive merges the row (no CTA waits for another)
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr + r, 1, sem="acq_rel", scope="gpu")
+    if done == n_chunks - 1:
+        _finalize_row(r, n_chunks, cand_ptr, sl_ptr, len_ptr, w_ptr, S, n, sink, window, heavy, init_offset,
+                      K_PAD, NCB, BLK)
+        tl.store(count_ptr + r, 0)
 
 
 @triton.jit
@@ -475,13 +492,13 @@ TUNED = {("fp32", "fp32", 128), ("bf16", "bf16", 128)}
 
 
 def _select_variants(k_pad, qt, wt):
-    default = {"CHUNK": 8192, "NCB": 8, "FUSE": 1}
+    default = {"CHUNK": 8192, "NCB": 8}
     v90 = []
     for chunk in (2048, 4096, 8192, 16384):
         if chunk < 4 * k_pad or chunk > 64 * k_pad:
             continue
         for nw in (4, 8):
-            ce = {"CHUNK": chunk, "NCB": 8, "FUSE": 1}
+            ce = {"CHUNK": chunk, "NCB": 8}
             is_default = ce == default and nw == 8
             if is_default or (qt, wt, k_pad) in TUNED:
                 v90.append(Variant.make(ce, nw, 1, is_default))

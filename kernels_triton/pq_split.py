@@ -232,7 +232,7 @@ def pq_emit_kernel(
 
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows loaded per key: M <= MP
-THRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS", "TIMER")}
+THRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")}
 EMIT_FIXED = {"QB": 64}
 TUNED = {"fp32", "bf16"}
 
