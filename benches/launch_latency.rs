@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use tritonrt::abi::KernelArg;
 use tritonrt::artifact::{ArtifactStore, Variant};
-use tritonrt::device::Device;
+use tritonrt::driver::Device;
+use tritonrt::driver::Kernel;
 use tritonrt::jit::{cache_key, BuiltCubin, CacheOutcome, CubinCache, Lookup};
-use tritonrt::kernel::{Kernel, KernelArg};
 
 const KERNEL: &str = "axpy_kernel";
 
@@ -215,9 +216,9 @@ fn main() {
             let yd = stream.clone_htod(&y).unwrap();
             let od = stream.clone_htod(&vec![f32::NAN; n]).unwrap();
             let args = [
-                KernelArg::Ptr(ptr(&xd, &stream)),
-                KernelArg::Ptr(ptr(&yd, &stream)),
-                KernelArg::Ptr(ptr(&od, &stream)),
+                KernelArg::RawPtr(ptr(&xd, &stream)),
+                KernelArg::RawPtr(ptr(&yd, &stream)),
+                KernelArg::RawPtr(ptr(&od, &stream)),
                 KernelArg::F32(a),
                 KernelArg::I32(n as i32),
             ];
@@ -225,7 +226,7 @@ fn main() {
             // SAFETY (all launches below): x, y, out hold n f32 each and live until the
             // final synchronize; nothing else touches them.
             for _ in 0..200 {
-                unsafe { k.launch(&stream, grid, &args) }.unwrap();
+                unsafe { k.launch_raw(&stream, grid, &args) }.unwrap();
             }
             stream.synchronize().unwrap();
             let out = stream.clone_dtoh(&od).unwrap();
@@ -236,14 +237,14 @@ fn main() {
             let mut lat = Vec::with_capacity(o.iters);
             for _ in 0..o.iters {
                 let t0 = Instant::now();
-                unsafe { k.launch(&stream, grid, &args) }.unwrap();
+                unsafe { k.launch_raw(&stream, grid, &args) }.unwrap();
                 stream.synchronize().unwrap();
                 lat.push(t0.elapsed());
             }
             let b2b_n = 10_000;
             let t0 = Instant::now();
             for _ in 0..b2b_n {
-                unsafe { k.launch(&stream, grid, &args) }.unwrap();
+                unsafe { k.launch_raw(&stream, grid, &args) }.unwrap();
             }
             stream.synchronize().unwrap();
             let b2b = t0.elapsed().as_secs_f64() * 1e6 / b2b_n as f64;
@@ -281,9 +282,9 @@ fn main() {
         .unwrap_or(&kernels[0]);
     println!("({})", k.id());
     let args = [
-        KernelArg::Ptr(ptr(&xd, &stream)),
-        KernelArg::Ptr(ptr(&yd, &stream)),
-        KernelArg::Ptr(ptr(&od, &stream)),
+        KernelArg::RawPtr(ptr(&xd, &stream)),
+        KernelArg::RawPtr(ptr(&yd, &stream)),
+        KernelArg::RawPtr(ptr(&od, &stream)),
         KernelArg::F32(0.5),
         KernelArg::I32(n as i32),
     ];
@@ -292,7 +293,7 @@ fn main() {
     // until the last synchronize; nothing else touches them.
     let issue = |launches: usize| {
         for _ in 0..launches {
-            unsafe { k.launch(&stream, grid, &args) }.unwrap();
+            unsafe { k.launch_raw(&stream, grid, &args) }.unwrap();
         }
     };
     let poll = |s: &CudaStream| loop {
@@ -371,16 +372,16 @@ fn main() {
     // Host-side cost of checking + packing the arguments alone.
     let v = kernels[0].variant().clone();
     let args = [
-        KernelArg::Ptr(0x1000),
-        KernelArg::Ptr(0x2000),
-        KernelArg::Ptr(0x3000),
+        KernelArg::RawPtr(0x1000),
+        KernelArg::RawPtr(0x2000),
+        KernelArg::RawPtr(0x3000),
         KernelArg::F32(1.0),
         KernelArg::I32(7),
     ];
     let reps = 1_000_000;
     let t0 = Instant::now();
     for _ in 0..reps {
-        std::hint::black_box(tritonrt::kernel::pack_args(std::hint::black_box(&v), &args).unwrap());
+        std::hint::black_box(tritonrt::abi::pack_args(std::hint::black_box(&v), &args).unwrap());
     }
     let ns = t0.elapsed().as_secs_f64() * 1e9 / reps as f64;
     println!("\nargument check + pack: {ns:.1} ns per launch (host)");

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use crate::artifact::{
     is_arch_specific_target, ptx_header, sha256_hex, write_atomic, ArtifactStore, Variant,
 };
-use crate::device::Device;
+use crate::driver::device::Device;
 use crate::error::{Error, Result};
 
 /// Version of the cache key and entry format. Bump when the key's inputs change (or the

@@ -1,20 +1,29 @@
-//! tritonrt: run Triton-compiled GPU kernels from Rust with no Python at run time.
+//! tritonrt: run Triton-compiled GPU kernels from Rust with no Python at run time, and the
+//! PQCache indexer built on them.
 //!
-//! Data flow (see `DESIGN.md` in the shared docs):
-//! `kernels_triton/*.py` --(AOT build)--> `ptx_cache/` (manifest + content-addressed
-//! PTX/cubin) --([`artifact`], verified)--> [`jit`] (cubin for this GPU, cached on disk)
-//! --([`kernel`])--> launches on a [`device`] stream.
+//! Two layers, arrows pointing down (ARCHITECTURE.md):
+//! - application: [`pq`], the indexer (config, CPU reference, GPU step, tuning targets);
+//! - runtime: [`runtime`] (variants by id: store -> cubin cache -> loaded kernel),
+//!   [`tune`] (generic tuner and its table), [`jit`] (PTX -> cubin cache), [`artifact`]
+//!   (manifest, verified store, Triton-cache import), [`abi`] (Triton 3.6 launch ABI,
+//!   pure), [`driver`] (every `unsafe`: device and context, own or borrowed, modules,
+//!   launches, graphs, device buffers), [`error`] (one error enum).
 //!
-//! The first application is the PQCache decode-step indexer in [`pq`].
+//! Data flow: `kernels_triton/*.py` --(AOT build)--> `ptx_cache/` (manifest +
+//! content-addressed PTX/cubin) --([`artifact`], verified)--> [`jit`] (cubin for this
+//! GPU, cached on disk) --([`driver::Kernel`])--> launches on a stream.
+//!
+//! An engine embeds it with `default-features = false` (no CLI dependencies), on its own
+//! context ([`driver::Device::from_context`]) and streams.
 #![warn(missing_docs)]
 
+pub mod abi;
 pub mod artifact;
-pub mod devbuf;
-pub mod device;
+pub mod driver;
 pub mod error;
 pub mod jit;
-pub mod kernel;
 pub mod pq;
+pub mod runtime;
 pub mod tune;
 
 pub use error::{Error, Result};

@@ -29,7 +29,9 @@ fn cubin_bytes(key: &str) -> Vec<u8> {
     let len = 4096 + (h % 8192) as usize;
     (0..len)
         .map(|i| {
-            h = h.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            h = h
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (h >> 56) as u8 ^ (i as u8)
         })
         .collect()

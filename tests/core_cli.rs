@@ -138,7 +138,7 @@ fn import_then_verify() {
 
 #[test]
 fn warmup_without_driver_is_a_clear_error() {
-    if tritonrt::device::probe_driver().is_ok() {
+    if tritonrt::driver::probe_driver().is_ok() {
         skip!("a CUDA driver is present; warmup would really run");
         return;
     }

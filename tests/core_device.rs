@@ -5,10 +5,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use tritonrt::artifact::{check_ptx_version, cuda_version_of, ptx_isa_max_for_cuda};
 use tritonrt::artifact::{ptx_header, ArtifactStore, PtxVersion};
-use tritonrt::device::{
-    check_ptx_version, cuda_version_of, probe_driver, ptx_isa_max_for_cuda, Device,
-};
+use tritonrt::driver::{probe_driver, Device};
 use tritonrt::Error;
 
 fn fixtures() -> PathBuf {

@@ -13,10 +13,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use rand::{Rng, SeedableRng};
+use tritonrt::abi::KernelArg;
 use tritonrt::artifact::{manifest_to_bytes, sha256_hex, ArtifactStore};
-use tritonrt::device::{probe_driver, Device};
+use tritonrt::driver::Kernel;
+use tritonrt::driver::{probe_driver, Device, DeviceBuf};
 use tritonrt::jit::{CacheOutcome, CubinCache};
-use tritonrt::kernel::{Kernel, KernelArg, Runtime};
+use tritonrt::runtime::Runtime;
 use tritonrt::Error;
 
 const SM90: &str = "axpy_kernel.BLOCK=1024.w4.s1.sm90";
@@ -66,15 +68,16 @@ fn check_axpy(k: &Kernel, stream: &Arc<CudaStream>, seed: u64) -> usize {
     let yd = stream.clone_htod(&y).unwrap();
     let mut outd = stream.clone_htod(&vec![f32::NAN; n + pad]).unwrap();
     let grid = [n.div_ceil(BLOCK) as u32, 1, 1];
+    // typed buffers: the safe launch checks each one's dtype against *fp32
     let args = [
-        KernelArg::Ptr(ptr(&xd, stream)),
-        KernelArg::Ptr(ptr(&yd, stream)),
-        KernelArg::Ptr(ptr(&outd, stream)),
+        KernelArg::Buf(DeviceBuf::of(&xd, stream)),
+        KernelArg::Buf(DeviceBuf::of(&yd, stream)),
+        KernelArg::Buf(DeviceBuf::of(&outd, stream)),
         KernelArg::F32(a),
         KernelArg::I32(n as i32),
     ];
-    // SAFETY: x, y have n elements and out n + pad; the kernel touches indices < n.
-    unsafe { k.launch(stream, grid, &args) }.unwrap();
+    // Bounds: x, y have n elements and out n + pad; the kernel touches indices < n.
+    k.launch(stream, grid, &args).unwrap();
     stream.synchronize().unwrap();
     let out = stream.clone_dtoh(&outd).unwrap();
     let mut mismatches = 0;
@@ -177,33 +180,51 @@ fn launch_checks_arguments_before_the_driver() {
     let buf = stream.clone_htod(&vec![1.0f32; 4096]).unwrap();
     let p = ptr(&buf, &stream);
     let good = [
-        KernelArg::Ptr(p),
-        KernelArg::Ptr(p),
-        KernelArg::Ptr(p),
+        KernelArg::RawPtr(p),
+        KernelArg::RawPtr(p),
+        KernelArg::RawPtr(p),
         KernelArg::F32(2.0),
         KernelArg::I32(4096),
     ];
     let mut misaligned = good;
-    misaligned[1] = KernelArg::Ptr(p + 4);
+    misaligned[1] = KernelArg::RawPtr(p + 4);
     // SAFETY: refused before launch; nothing reaches the GPU.
-    let e = unsafe { k.launch(&stream, [4, 1, 1], &misaligned) }.unwrap_err();
+    let e = unsafe { k.launch_raw(&stream, [4, 1, 1], &misaligned) }.unwrap_err();
     assert!(matches!(e, Error::ArgDivisibility { index: 1, .. }), "{e}");
     let mut wrong = good;
     wrong[4] = KernelArg::I64(4096);
     // SAFETY: refused before launch.
-    let e = unsafe { k.launch(&stream, [4, 1, 1], &wrong) }.unwrap_err();
+    let e = unsafe { k.launch_raw(&stream, [4, 1, 1], &wrong) }.unwrap_err();
     assert!(
         e.to_string()
             .contains("argument 4 (n) expects i32, got I64"),
         "{e}"
     );
     // SAFETY: refused before launch.
-    let e = unsafe { k.launch(&stream, [4, 1, 1], &good[..4]) }.unwrap_err();
+    let e = unsafe { k.launch_raw(&stream, [4, 1, 1], &good[..4]) }.unwrap_err();
     assert!(matches!(e, Error::ArgCount { .. }), "{e}");
     // A zero grid launches nothing and is fine, as in Triton.
     // SAFETY: buffers valid; nothing runs.
-    unsafe { k.launch(&stream, [0, 1, 1], &good) }.unwrap();
-    eprintln!("GPU: misaligned pointer, wrong type and wrong arity refused before launch");
+    unsafe { k.launch_raw(&stream, [0, 1, 1], &good) }.unwrap();
+    // The safe launch refuses bare addresses and buffers of another dtype.
+    let e = k.launch(&stream, [4, 1, 1], &good).unwrap_err();
+    assert!(e.to_string().contains("bare device address"), "{e}");
+    let ints = stream.clone_htod(&vec![1i32; 4096]).unwrap();
+    let mut typed = good;
+    for a in typed.iter_mut().take(3) {
+        *a = KernelArg::Buf(DeviceBuf::of(&buf, &stream));
+    }
+    typed[1] = KernelArg::Buf(DeviceBuf::of(&ints, &stream));
+    let e = k.launch(&stream, [4, 1, 1], &typed).unwrap_err();
+    assert!(
+        e.to_string().contains("expects *fp32, got Buf of *i32"),
+        "{e}"
+    );
+    typed[1] = KernelArg::Buf(DeviceBuf::of(&buf, &stream));
+    k.launch(&stream, [0, 1, 1], &typed).unwrap();
+    eprintln!(
+        "GPU: misaligned pointer, wrong type, wrong arity, a bare address in a safe launch and a buffer of another dtype refused before launch"
+    );
 }
 
 #[test]

@@ -2,9 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use tritonrt::abi::{arg_positions, pack_args, plan_launch, KernelArg};
 use tritonrt::artifact::{Arg, ArgType, ArtifactStore, Dtype, Variant};
-use tritonrt::device::Device;
-use tritonrt::kernel::{arg_positions, pack_args, plan_launch, Kernel, KernelArg, Runtime};
+use tritonrt::driver::Device;
+use tritonrt::driver::Kernel;
+use tritonrt::runtime::Runtime;
 use tritonrt::Error;
 
 fn fixtures() -> PathBuf {
@@ -22,9 +24,9 @@ fn axpy() -> Variant {
 
 fn good_args() -> Vec<KernelArg> {
     vec![
-        KernelArg::Ptr(0x7f00_0000_1000),
-        KernelArg::Ptr(0x7f00_0000_2000),
-        KernelArg::Ptr(0x7f00_0000_3000),
+        KernelArg::RawPtr(0x7f00_0000_1000),
+        KernelArg::RawPtr(0x7f00_0000_2000),
+        KernelArg::RawPtr(0x7f00_0000_3000),
         KernelArg::F32(-1.5),
         KernelArg::I32(-7),
     ]
@@ -87,7 +89,7 @@ fn type_errors_name_the_argument_expected_and_got() {
         (4, KernelArg::I64(7), "n", "i32", "I64"),
         (4, KernelArg::U32(7), "n", "i32", "U32"),
         (3, KernelArg::F64(1.0), "a", "fp32", "F64"),
-        (3, KernelArg::Ptr(0x1000), "a", "fp32", "Ptr"),
+        (3, KernelArg::RawPtr(0x1000), "a", "fp32", "RawPtr"),
         (1, KernelArg::U64(0x1000), "y_ptr", "*fp32", "U64"),
     ];
     for (i, bad, name, expected, got) in cases {
@@ -123,7 +125,7 @@ fn type_errors_name_the_argument_expected_and_got() {
 fn divisibility_is_enforced_for_pointers_and_ints() {
     let v = axpy();
     let mut args = good_args();
-    args[2] = KernelArg::Ptr(0x7f00_0000_3004);
+    args[2] = KernelArg::RawPtr(0x7f00_0000_3004);
     let err = pack_args(&v, &args).unwrap_err();
     assert!(
         matches!(
@@ -142,7 +144,7 @@ fn divisibility_is_enforced_for_pointers_and_ints() {
         "{msg}"
     );
     // a null pointer and any aligned address are fine; `n` has no assumption.
-    args[2] = KernelArg::Ptr(0);
+    args[2] = KernelArg::RawPtr(0);
     args[4] = KernelArg::I32(1_000_003);
     pack_args(&v, &args).unwrap();
 

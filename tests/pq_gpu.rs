@@ -14,11 +14,11 @@ mod common;
 
 use std::sync::Arc;
 
-use tritonrt::kernel::Runtime;
 use tritonrt::pq::gpu::{
     execute_with_path, open_runtime, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
 };
 use tritonrt::pq::{check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape};
+use tritonrt::runtime::Runtime;
 
 fn runtime() -> Option<Arc<Runtime>> {
     let ptx = std::env::var("TRITONRT_PTX_CACHE")
@@ -572,7 +572,7 @@ fn gpu_split_path_decode_loop() {
 #[test]
 fn gpu_paths_correct_beside_a_busy_stream() {
     use cudarc::driver::DevicePtr;
-    use tritonrt::kernel::KernelArg;
+    use tritonrt::abi::KernelArg;
     let Some(rt) = runtime() else { return };
     let seed = seed();
     let busy = match rt.default_kernel("pq_wfill.w_fp32") {
@@ -630,7 +630,7 @@ fn gpu_paths_correct_beside_a_busy_stream() {
                     ix.synchronize().expect("sync");
                     for _ in 0..3 {
                         let args = [
-                            KernelArg::Ptr(busy_ptr),
+                            KernelArg::RawPtr(busy_ptr),
                             KernelArg::I32(rows as i32),
                             KernelArg::I32(cols as i32),
                             KernelArg::I32(1),
@@ -639,7 +639,7 @@ fn gpu_paths_correct_beside_a_busy_stream() {
                         // SAFETY: pq_wfill writes elements 0 .. rows * cols of the
                         // buffer, which holds exactly that many f32 and outlives the
                         // launch (synchronized below); nothing else touches it.
-                        unsafe { busy.launch(&busy_stream, [sms * per_sm, 1, 1], &args) }
+                        unsafe { busy.launch_raw(&busy_stream, [sms * per_sm, 1, 1], &args) }
                             .expect("busy launch");
                     }
                     let info = ix

@@ -28,17 +28,18 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use rand::{Rng, SeedableRng};
+use tritonrt::abi::KernelArg;
 use tritonrt::artifact::ArtifactStore;
-use tritonrt::kernel::{Kernel, KernelArg, Runtime};
+use tritonrt::driver::Kernel;
 use tritonrt::pq::gpu::{execute, open_runtime, select_kernel_name};
-use tritonrt::pq::{check, PqInputs};
-use tritonrt::tune::gpu::{
+use tritonrt::pq::tune::{
     candidate_set, device_key, gpu_targets, gpu_targets_on, pq_config_for, shape_for,
-    tuned_select_variant, tuned_select_variant_in, SCORE_V6,
+    tuned_select_variant, tuned_select_variant_in, GpuRequest, SCORE_V6,
 };
+use tritonrt::pq::{check, PqInputs};
+use tritonrt::runtime::Runtime;
 use tritonrt::tune::{
-    tune, ExclusionReason, GpuRequest, OutputCheck, TuneSettings, TuningEntry, TuningTable,
-    Workload,
+    tune, ExclusionReason, OutputCheck, TuneSettings, TuningEntry, TuningTable, Workload,
 };
 use tritonrt::Error;
 
@@ -108,9 +109,9 @@ fn candidate_sets_of_the_pq_kernels() {
         );
         return;
     }
-    let names = tritonrt::tune::gpu::tunable_kernels(&store);
+    let names = tritonrt::pq::tune::tunable_kernels(&store);
     for w in [Workload::reference(), Workload::large()] {
-        for k in tritonrt::tune::gpu::default_kernels(&w).unwrap() {
+        for k in tritonrt::pq::tune::default_kernels(&w).unwrap() {
             assert!(names.contains(&k), "{k} not in {names:?}");
         }
     }
@@ -179,10 +180,10 @@ fn check_v6_against_cpu(rt: &Arc<Runtime>, id: &str, seed: u64) -> usize {
     let bk = k.variant().constexprs["BLOCK_KEYS"].as_u64().unwrap() as usize;
     let i64a = |v: usize| KernelArg::I64(v as i64);
     let named = [
-        ("queries_ptr", KernelArg::Ptr(dptr(&qd, &st))),
-        ("centroids_ptr", KernelArg::Ptr(dptr(&cd, &st))),
-        ("codebook_ptr", KernelArg::Ptr(dptr(&cbd, &st))),
-        ("scores_ptr", KernelArg::Ptr(dptr(&sd, &st))),
+        ("queries_ptr", KernelArg::RawPtr(dptr(&qd, &st))),
+        ("centroids_ptr", KernelArg::RawPtr(dptr(&cd, &st))),
+        ("codebook_ptr", KernelArg::RawPtr(dptr(&cbd, &st))),
+        ("scores_ptr", KernelArg::RawPtr(dptr(&sd, &st))),
         ("b", KernelArg::I32(b as i32)),
         ("h", KernelArg::I32(h as i32)),
         ("n_subvec", KernelArg::I32(m as i32)),
@@ -215,7 +216,7 @@ fn check_v6_against_cpu(rt: &Arc<Runtime>, id: &str, seed: u64) -> usize {
     // SAFETY: every buffer is allocated above with the sizes the strides describe
     // (centroids through a stride-0 head view of [B, 1, M, K, d_s]), codes are in 0..K,
     // the kernel writes scores j < n of each [B, H, n] row; all on `st`.
-    unsafe { k.launch(&st, grid, &args) }.unwrap();
+    unsafe { k.launch_raw(&st, grid, &args) }.unwrap();
     st.synchronize().unwrap();
     let got = st.clone_dtoh(&sd).unwrap();
     st.synchronize().unwrap();
@@ -296,7 +297,7 @@ fn autotune_small_workload_on_gpu() {
     let tmp = tempfile::tempdir().unwrap();
     // Before the runtime opens the cubin cache: the table and cubins go to the temp dir.
     std::env::set_var("TRITONRT_CACHE_DIR", tmp.path());
-    std::env::remove_var(tritonrt::tune::gpu::TABLE_ENV);
+    std::env::remove_var(tritonrt::pq::tune::TABLE_ENV);
     let rt = match open_runtime(0, &ptx) {
         Ok(Ok(rt)) => rt,
         Ok(Err(why)) => {

@@ -15,9 +15,11 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 
 mod import;
+mod ptx;
 mod types;
 
 pub use import::{import_triton_cache_entry, ImportReport, SignatureSource};
+pub use ptx::{check_ptx_version, cuda_version_of, ptx_isa_max_for_cuda};
 pub use types::{
     is_arch_specific_target, ptx_header, Arg, ArgType, Dtype, FileRef, Manifest, PtxHeader,
     PtxVersion, Variant, SCHEMA_VERSION,
@@ -247,7 +249,11 @@ impl ArtifactStore {
 /// skips: with `all`, every variant usable there; else, per kernel, only the variants of
 /// the newest arch usable there (the runtime's default and every tuning candidate come
 /// from that arch, so an older arch's PTX is never loaded where a native variant exists).
-pub fn partition_for_device(variants: &[Variant], cc: (u32, u32), all: bool) -> (Vec<&Variant>, Vec<&Variant>) {
+pub fn partition_for_device(
+    variants: &[Variant],
+    cc: (u32, u32),
+    all: bool,
+) -> (Vec<&Variant>, Vec<&Variant>) {
     let mut best: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
     for v in variants.iter().filter(|v| v.usable_on(cc)) {
         let b = best.entry(v.kernel.as_str()).or_insert(v.arch);
@@ -257,7 +263,6 @@ pub fn partition_for_device(variants: &[Variant], cc: (u32, u32), all: bool) -> 
         .iter()
         .partition(|v| v.usable_on(cc) && (all || best.get(v.kernel.as_str()) == Some(&v.arch)))
 }
-
 
 /// Parse and validate manifest bytes (see [`ArtifactStore::open`]); `path` is only used
 /// in messages.

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::{EXIT_ERROR, EXIT_OK};
-use tritonrt::tune::{self, GpuRequest, TuneSettings, TuningTable, Workload};
+use tritonrt::pq::tune::GpuRequest;
+use tritonrt::tune::{self, TuneSettings, TuningTable, Workload};
 
 /// Arguments of `tritonrt autotune`.
 #[derive(Debug, clap::Args)]
@@ -61,7 +62,7 @@ pub struct AutotuneArgs {
 
     /// Seed of the generated inputs (standard-normal query, keys and centroids, uniform
     /// codes).
-    #[arg(long, value_name = "N", default_value_t = tune::gpu::DEFAULT_SEED)]
+    #[arg(long, value_name = "N", default_value_t = tritonrt::pq::tune::DEFAULT_SEED)]
     pub seed: u64,
 
     /// Untimed warm-up launches before each timing call.
@@ -194,7 +195,7 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
         workloads,
         seed: args.seed,
     };
-    let session = tune::gpu_targets(&req)?;
+    let session = tritonrt::pq::tune::gpu_targets(&req)?;
     let dev = &session.device;
     println!(
         "autotune on {} (sm{}, driver {}): {} target(s); ptx_cache {}; table {}",

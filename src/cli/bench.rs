@@ -168,7 +168,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             let p = dir.join(format!("bench_S{s}.safetensors"));
             save_inputs(&p, &cfg, &inputs).with_context(|| format!("writing {}", p.display()))?;
         }
-        let tuned = tritonrt::tune::gpu::tuned_select_variant(&rt, &cfg, &shape);
+        let tuned = tritonrt::pq::tune::tuned_select_variant(&rt, &cfg, &shape);
         let r = gpu::bench_shape(&rt, &cfg, &inputs, tuned.as_deref(), a.steps)
             .with_context(|| format!("benchmarking S={s}"))?;
         results.push(r);

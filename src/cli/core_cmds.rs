@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::cli::{EXIT_CHECK_FAILED, EXIT_OK};
 use tritonrt::artifact::{
     import_triton_cache_entry, partition_for_device, ArtifactStore, SignatureSource, Variant,
 };
-use crate::cli::{EXIT_CHECK_FAILED, EXIT_OK};
-use tritonrt::device::Device;
+use tritonrt::driver::Device;
+use tritonrt::driver::Kernel;
 use tritonrt::jit::{BuiltCubin, CacheOutcome, CubinCache};
-use tritonrt::kernel::Kernel;
 
 /// The crate's own `ptx_cache/` (the default of `--ptx-cache`).
 pub const DEFAULT_PTX_CACHE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache");
@@ -214,7 +214,10 @@ fn warm_one(
         let out = device
             .jit_ptx(&ptx, &v.ptx.file, cache.options().opt_level)
             .map_err(|f| {
-                tritonrt::Error::invalid(format!("JIT of {}", v.id), format!("{}: {}", f.code, f.log))
+                tritonrt::Error::invalid(
+                    format!("JIT of {}", v.id),
+                    format!("{}: {}", f.code, f.log),
+                )
             })?;
         let jit_built = BuiltCubin {
             cubin: out.cubin,

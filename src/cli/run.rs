@@ -227,7 +227,7 @@ pub fn run_gpu(
     };
     let tuned = match &a.select_variant {
         Some(id) => Some(id.clone()),
-        None => tritonrt::tune::gpu::tuned_select_variant(&rt, cfg, &inputs.shape),
+        None => tritonrt::pq::tune::tuned_select_variant(&rt, cfg, &inputs.shape),
     };
     let ex = pq::gpu::execute_with_path(
         &rt,

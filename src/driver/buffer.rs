@@ -1,12 +1,46 @@
-//! [`DevBuf`]: a growable device buffer, shared by the kernel scratch of [`crate::kernel`]
-//! and the indexer state of [`crate::pq`].
-//!
-//! Depends on cudarc and [`crate::error`] only (plus the driver-error conversion in
-//! [`crate::device`]), so every layer above the driver can use it.
+//! Device memory as kernels take it: [`DeviceBuf`] (address, bytes, dtype) made from a
+//! live cudarc allocation, the element types that map to Triton dtypes ([`DeviceDtype`]),
+//! and [`DevBuf`], a growable device buffer (the kernel scratch and the indexer state).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits};
+
+pub use crate::abi::DeviceBuf;
+use crate::artifact::Dtype;
+
+/// A host type whose values a kernel reads as Triton dtype [`DeviceDtype::DTYPE`] (same
+/// size and bit layout).
+pub trait DeviceDtype: DeviceRepr {
+    /// The Triton element dtype.
+    const DTYPE: Dtype;
+}
+
+macro_rules! device_dtype {
+    ($($t:ty => $d:ident),* $(,)?) => {$(
+        impl DeviceDtype for $t {
+            const DTYPE: Dtype = Dtype::$d;
+        }
+    )*};
+}
+
+device_dtype!(
+    f32 => Fp32, f64 => Fp64, half::f16 => Fp16, half::bf16 => Bf16,
+    i8 => I8, i16 => I16, i32 => I32, i64 => I64,
+    u8 => U8, u16 => U16, u32 => U32, u64 => U64,
+);
+
+impl DeviceBuf {
+    /// The buffer of a live allocation in the runtime's context: a `CudaSlice<T>`, a
+    /// `CudaView<T>` or a `CudaViewMut<T>` (its address for use on `stream`, its length,
+    /// `T`'s dtype). With cudarc's per-use event tracking on (a context an engine owns),
+    /// `stream` first waits for the allocation's pending writes, as cudarc's own launches
+    /// do.
+    pub fn of<T: DeviceDtype, S: DevicePtr<T>>(s: &S, stream: &CudaStream) -> DeviceBuf {
+        let (addr, _sync) = s.device_ptr(stream);
+        DeviceBuf::from_parts(addr, s.len() * std::mem::size_of::<T>(), T::DTYPE)
+    }
+}
 
 /// A growable device buffer of `T`: grows only (never shrinks), and its contents are not
 /// kept across a growth (the new allocation is zero-filled).
@@ -42,7 +76,7 @@ pub struct AllocError {
 
 impl From<AllocError> for crate::Error {
     fn from(e: AllocError) -> Self {
-        crate::device::driver_err(format!("allocating {} elements", e.elements), e.source)
+        super::device::driver_err(format!("allocating {} elements", e.elements), e.source)
     }
 }
 
@@ -84,6 +118,16 @@ impl<T> DevBuf<T> {
     /// makes sure no queued work of another stream still uses it.
     pub fn release(&mut self) {
         self.buf = None;
+    }
+}
+
+impl<T: DeviceDtype> DevBuf<T> {
+    /// The allocation as a kernel argument (address 0, 0 bytes when empty).
+    pub fn buf(&self, stream: &CudaStream) -> DeviceBuf {
+        match &self.buf {
+            Some(b) => DeviceBuf::of(b, stream),
+            None => DeviceBuf::from_parts(0, 0, T::DTYPE),
+        }
     }
 }
 

@@ -70,6 +70,15 @@ pub enum DType {
 }
 
 impl DType {
+    /// The Triton element dtype of the same values.
+    pub fn triton(self) -> crate::artifact::Dtype {
+        match self {
+            DType::F32 => crate::artifact::Dtype::Fp32,
+            DType::BF16 => crate::artifact::Dtype::Bf16,
+            DType::F16 => crate::artifact::Dtype::Fp16,
+        }
+    }
+
     /// The canonical short name: `fp32`, `bf16`, `fp16`.
     pub fn as_str(self) -> &'static str {
         match self {

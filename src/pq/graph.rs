@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaGraph, CudaStream};
+use cudarc::driver::CudaStream;
 
-use crate::error::{Error, Result};
+use crate::driver::KernelGraph;
+use crate::error::Result;
 use crate::pq::launch::{issue, DeviceTensorRef, Launch};
 use crate::pq::plan::StepInfo;
 
@@ -25,11 +26,12 @@ struct Captured {
     /// while the state holds at least this many codes.
     n_old: usize,
     info: StepInfo,
-    /// The graph's kernel nodes, in launch order (empty: never updated, only replayed).
-    nodes: Vec<cudarc::driver::sys::CUgraphNode>,
+    /// Whether the graph's kernel nodes line up with its launches (else it is only
+    /// replayed, never updated).
+    updatable: bool,
     /// Variant id of each node's kernel.
     kernels: Vec<String>,
-    graph: CudaGraph,
+    graph: KernelGraph,
 }
 
 /// The indexer's captured step graph, if any.
@@ -57,16 +59,16 @@ impl StepGraph {
         n_old: usize,
         build: impl FnOnce() -> Result<(StepInfo, Vec<Launch>)>,
     ) -> Result<StepInfo> {
-        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
         if let Some(c) = &self.0 {
             if c.key == gkey && c.n_old <= n_old {
-                c.graph.launch().map_err(drv("replaying the step graph"))?;
+                c.graph.launch()?;
                 return Ok(c.info);
             }
         }
         let (info, launches) = build()?;
         if let Some(c) = self.0.as_mut() {
-            let same_kernels = c.nodes.len() == launches.len()
+            let same_kernels = c.updatable
+                && c.kernels.len() == launches.len()
                 && c.kernels
                     .iter()
                     .zip(&launches)
@@ -76,52 +78,32 @@ impl StepGraph {
                 && c.key.key == gkey.key
                 && c.key.buffers == gkey.buffers
             {
-                let exec = c.graph.cu_graph_exec();
-                let updated = launches.iter().zip(&c.nodes).try_for_each(|(l, node)| {
-                    // SAFETY: the node was captured from a launch in this graph (a node of
-                    // another kernel is refused by update_graph_node); `StepLaunches::build`
-                    // built the arguments for buffers sized for this step (its `Bounds:`
-                    // comments); the graph is only replayed on this indexer's stream, by
-                    // this (&mut) indexer.
-                    unsafe { l.kernel.update_graph_node(exec, *node, l.grid, &l.args) }
-                });
+                // Bounds: `StepLaunches::build` built the arguments for buffers sized for
+                // this step (its `Bounds:` comments); a node of another kernel is refused
+                let graph = &mut c.graph;
+                let updated = launches
+                    .iter()
+                    .enumerate()
+                    .try_for_each(|(i, l)| graph.update(i, &l.kernel, l.grid, &l.args));
                 if updated.is_ok() {
                     c.key = gkey;
                     c.n_old = n_old;
                     c.info = info;
-                    c.graph
-                        .launch()
-                        .map_err(drv("replaying the updated step graph"))?;
+                    c.graph.launch()?;
                     return Ok(info);
                 }
                 // an update the driver refused (or a node of another kernel): capture anew
             }
         }
         self.0 = None;
-        stream
-            .begin_capture(
-                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-            .map_err(drv("beginning graph capture"))?;
-        let issued = issue(stream, &launches);
-        let ended = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-        issued?;
-        let graph = ended
-            .map_err(drv("ending graph capture"))?
-            .ok_or_else(|| Error::invalid("graph capture", "the captured step graph is empty"))?;
-        // SAFETY: the graph was just instantiated and is owned by `graph`.
-        let nodes = unsafe { crate::kernel::graph_kernel_nodes(graph.cu_graph())? };
-        graph.launch().map_err(drv("launching the step graph"))?;
+        let graph = KernelGraph::capture(stream, |st| issue(st, &launches))?;
+        graph.launch()?;
         self.0 = Some(Captured {
             key: gkey,
             n_old,
             info,
             // a graph whose kernel nodes do not line up with its launches is only replayed
-            nodes: if nodes.len() == launches.len() {
-                nodes
-            } else {
-                Vec::new()
-            },
+            updatable: graph.kernel_nodes() == launches.len(),
             kernels: launches.iter().map(|l| l.kernel.id().to_string()).collect(),
             graph,
         });

@@ -5,16 +5,17 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 
+use crate::driver::DeviceBuf;
 use crate::error::{Error, Result};
-use crate::kernel::Runtime;
 use crate::pq::config::{DType, PqConfig, Shape};
 use crate::pq::indexer::{GpuIndexer, LaunchMode};
 use crate::pq::launch::DeviceTensorRef;
 use crate::pq::plan::SelectPath;
 use crate::pq::reference::PqOutput;
 use crate::pq::workload::PqInputs;
+use crate::runtime::Runtime;
 
 /// Host inputs uploaded to the device in the layouts the indexer reads: `query
 /// [B, H, 1, D]` and `key [B, H_kv, S, D]`, contiguous, in the config's input dtype.
@@ -59,7 +60,7 @@ impl DeviceInputs {
         let sh = inputs.shape;
         let dtype = cfg.input_dtype;
         let wpe = dtype.size_bytes() / 2; // 16-bit words per element
-        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
         let query = stream
             .clone_htod(&to_words(&inputs.query, dtype))
             .map_err(drv("uploading query"))?;
@@ -84,17 +85,8 @@ impl DeviceInputs {
             (sh.s * sh.d) as i64,
             sh.d as i64,
         );
-        let q_ptr = query.device_ptr(stream).0;
-        let k_ptr = key.device_ptr(stream).0;
-        // SAFETY: both buffers are owned by the returned value, hold the whole
-        // contiguous tensors in `dtype` (query fully written, key rows from
-        // init_offset + n_cached written, the rest zero), and live as long as it does.
-        let (q_ref, k_ref) = unsafe {
-            (
-                DeviceTensorRef::new(q_ptr, dtype, [q_sb, q_sh, 0]),
-                DeviceTensorRef::new(k_ptr, dtype, [k_sb, k_sh, k_ss]),
-            )
-        };
+        let q_ref = DeviceTensorRef::new(DeviceBuf::of(&query, stream), dtype, [q_sb, q_sh, 0])?;
+        let k_ref = DeviceTensorRef::new(DeviceBuf::of(&key, stream), dtype, [k_sb, k_sh, k_ss])?;
         Ok(DeviceInputs {
             query,
             key,
@@ -129,16 +121,16 @@ pub fn open_runtime(
     ordinal: usize,
     ptx_cache: &std::path::Path,
 ) -> Result<std::result::Result<Arc<Runtime>, String>> {
-    if let Err(e) = crate::device::probe_driver() {
+    if let Err(e) = crate::driver::device::probe_driver() {
         return Ok(Err(e.to_string()));
     }
-    let count = crate::device::Device::count()?;
+    let count = crate::driver::device::Device::count()?;
     if ordinal >= count {
         return Ok(Err(format!(
             "no CUDA device {ordinal} (this machine has {count})"
         )));
     }
-    let device = crate::device::Device::new(ordinal)?;
+    let device = crate::driver::device::Device::new(ordinal)?;
     let store = crate::artifact::ArtifactStore::open(ptx_cache)?;
     let cache = crate::jit::CubinCache::from_env()?;
     Ok(Ok(Runtime::new(device, store, cache)))
@@ -292,7 +284,7 @@ pub fn execute_with_path(
     // around each step) in a separate loop, so event records never sit inside the
     // host-timed region
     let events = (rt.device().new_event(true)?, rt.device().new_event(true)?);
-    let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+    let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
     let mut time = |mode: LaunchMode, gpu: bool| -> Result<Option<StepTiming>> {
         if timed_steps == 0 {
             return Ok(None);
@@ -385,7 +377,7 @@ pub fn memory_floor_bytes(cfg: &PqConfig, shape: &Shape, n_cached: usize) -> u64
 ///
 /// Errors: allocation or driver errors.
 pub fn copy_bandwidth(rt: &Runtime, stream: &Arc<CudaStream>, bytes: usize) -> Result<f64> {
-    let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+    let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
     let src = stream
         .alloc_zeros::<u8>(bytes)
         .map_err(drv("allocating copy source"))?;

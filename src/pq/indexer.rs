@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
+use crate::driver::Kernel;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, Runtime};
 use crate::pq::config::{DType, Metric, PqConfig, Shape};
 use crate::pq::graph::{GraphKey, StepGraph};
 use crate::pq::kernels::Kernels;
@@ -15,6 +15,7 @@ use crate::pq::launch::{issue, ArgOrder, DeviceTensorRef, StepLaunches};
 use crate::pq::plan::{plan_step, PlanFacts, SelectPath, StepInfo, StepPlan};
 use crate::pq::reference::PqOutput;
 use crate::pq::state::DeviceState;
+use crate::runtime::Runtime;
 
 /// How a step is issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +213,9 @@ impl GpuIndexer {
     ) -> Result<StepInfo> {
         check_tensor(&self.state.cfg, "query", query)?;
         check_tensor(&self.state.cfg, "key", key)?;
+        let sh = self.state.shape;
+        query.check_extent("query", [sh.b, sh.h, 1, sh.d])?;
+        key.check_extent("key", [sh.b, sh.h_kv, s, sh.d])?;
         let plan = self.plan(s)?;
         self.state
             .ensure_buffers(&self.kernels, &self.arg_order, self.path, s)?;
@@ -251,7 +255,7 @@ impl GpuIndexer {
         self.state
             .stream
             .synchronize()
-            .map_err(|e| crate::device::driver_err("synchronizing the indexer stream", e))
+            .map_err(|e| crate::driver::device::driver_err("synchronizing the indexer stream", e))
     }
 
     /// Device addresses of the last step's outputs: `(sparse_list i64 [B, H, total],
@@ -339,7 +343,7 @@ fn check_tensor(cfg: &PqConfig, what: &str, t: &DeviceTensorRef) -> Result<()> {
             ),
         ));
     }
-    if t.ptr() == 0 {
+    if t.buf().addr() == 0 {
         return Err(Error::invalid(what, "null device address"));
     }
     Ok(())

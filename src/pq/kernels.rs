@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
+use crate::driver::Kernel;
 use crate::error::{Error, Result};
-use crate::kernel::{Kernel, Runtime};
 use crate::pq::config::{DType, PqConfig};
 use crate::pq::plan::{HistFacts, IndexFacts, PlanFacts};
+use crate::runtime::Runtime;
 
 /// Top-k widths the select kernel is compiled for (`K_PAD`, a power of two >= heavy);
 /// source: `kernels_triton/pq_select.py`'s `K_PADS`.

@@ -5,49 +5,67 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr};
+use cudarc::driver::CudaStream;
 
-use crate::devbuf::DevBuf;
+use crate::abi::{arg_positions, KernelArg};
+use crate::driver::Kernel;
+use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
-use crate::kernel::{arg_positions, Kernel, KernelArg};
 use crate::pq::config::{DType, Metric};
 use crate::pq::kernels::{constexpr_usize, Kernels};
 use crate::pq::plan::{StepKind, StepPlan};
 use crate::pq::state::DeviceState;
 
-/// A device tensor the caller owns: base address, dtype and strides in elements.
+/// A device tensor the caller owns: its buffer, element dtype and strides in elements.
 ///
 /// `query` is `[B, H, 1, D]` and `key` is `[B, H_kv, S_alloc, D]`; the innermost
-/// dimension must be contiguous (stride 1).
+/// dimension must be contiguous (stride 1). The buffer comes from a live allocation
+/// ([`DeviceBuf::of`] on the caller's `CudaSlice` / `CudaView`, of any element type: its
+/// bytes are read as `dtype`); each step checks that every element it reads lies inside
+/// it. The caller keeps the allocation alive until the steps that read it complete on the
+/// indexer's stream (a captured graph reads it again at each replay).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DeviceTensorRef {
-    ptr: u64,
+    buf: DeviceBuf,
     dtype: DType,
     strides: [i64; 3],
 }
 
 impl DeviceTensorRef {
-    /// A view of caller-owned device memory. `strides` are the element strides of the
-    /// first three dimensions (`[batch, head, position]`); the last dimension (`D`) is
-    /// contiguous.
+    /// A view of `buf` as a tensor of `dtype` with element strides `strides` for
+    /// `[batch, head, position]` (the last dimension, `D`, contiguous).
     ///
-    /// # Safety
-    ///
-    /// `ptr` must be a device address in the indexer's CUDA context, of dtype `dtype`,
-    /// valid for every element the indexer reads (query: all `B x H x D`; key: the new
-    /// positions `init_offset + N_cached .. S` of every batch and KV head) until the
-    /// step that reads it completes on the indexer's stream.
-    pub unsafe fn new(ptr: u64, dtype: DType, strides: [i64; 3]) -> Self {
-        DeviceTensorRef {
-            ptr,
+    /// Errors: [`Error::Invalid`] naming the buffer's length or address when it is not a
+    /// whole number of `dtype` elements or not aligned to one, or a negative stride.
+    pub fn new(buf: DeviceBuf, dtype: DType, strides: [i64; 3]) -> Result<Self> {
+        let size = dtype.size_bytes();
+        if !buf.bytes().is_multiple_of(size) || !buf.addr().is_multiple_of(size as u64) {
+            return Err(Error::invalid(
+                "device tensor",
+                format!(
+                    "{} bytes at {:#x} are not whole {} elements ({size} bytes, aligned)",
+                    buf.bytes(),
+                    buf.addr(),
+                    dtype.as_str()
+                ),
+            ));
+        }
+        if strides.iter().any(|&st| st < 0) {
+            return Err(Error::invalid(
+                "device tensor",
+                format!("negative stride in {strides:?} (elements)"),
+            ));
+        }
+        Ok(DeviceTensorRef {
+            buf: buf.as_dtype(dtype.triton()),
             dtype,
             strides,
-        }
+        })
     }
 
-    /// The device address.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
+    /// The device buffer, as a kernel argument of the element dtype.
+    pub fn buf(&self) -> DeviceBuf {
+        self.buf
     }
 
     /// The element dtype.
@@ -59,6 +77,28 @@ impl DeviceTensorRef {
     pub fn strides(&self) -> [i64; 3] {
         self.strides
     }
+
+    /// Check that a `[d0, d1, d2, d]` tensor with these strides lies inside the buffer.
+    /// Errors: [`Error::Invalid`] naming `what`, the shape, the strides and the lengths.
+    pub fn check_extent(&self, what: &str, dims: [usize; 4]) -> Result<()> {
+        if dims.contains(&0) {
+            return Ok(());
+        }
+        let last = (0..3).fold(dims[3] as u128, |acc, i| {
+            acc + (dims[i] as u128 - 1) * self.strides[i] as u128
+        });
+        let have = (self.buf.bytes() / self.dtype.size_bytes()) as u128;
+        if last > have {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "a {dims:?} tensor with strides {:?} reaches element {last}, but its buffer holds {have}",
+                    self.strides
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One kernel launch of a step: kernel, grid and arguments in signature order.
@@ -69,7 +109,7 @@ pub(crate) struct Launch {
 }
 
 /// The arguments of each kernel in signature order, from the named lists a step builds
-/// (see [`crate::kernel::arg_positions`]). The positions are found once per kernel and
+/// (see [`crate::abi::arg_positions`]). The positions are found once per kernel and
 /// kept: the lists are built in the same order every step, so later steps take one pass
 /// over the signature (each position's name re-checked) instead of a name search per
 /// argument (measured on the H100, NOTES.md, "what a replayed step costs beyond its
@@ -154,9 +194,9 @@ impl StepLaunches<'_> {
                 let args = order.args(
                     k,
                     &[
-                        ("sl_ptr", KernelArg::Ptr(state.sparse_list.ptr(st))),
-                        ("len_ptr", KernelArg::Ptr(state.sparse_len.ptr(st))),
-                        ("w_ptr", KernelArg::Ptr(state.weight.ptr(st))),
+                        ("sl_ptr", KernelArg::Buf(state.sparse_list.buf(st))),
+                        ("len_ptr", KernelArg::Buf(state.sparse_len.buf(st))),
+                        ("w_ptr", KernelArg::Buf(state.weight_buf())),
                         ("S", i32_arg("S", s)?),
                     ],
                     false,
@@ -179,9 +219,9 @@ impl StepLaunches<'_> {
                 let mut named =
                     self.hist_args(query, key, s, n_old, &state.ihist, &state.ihistn)?;
                 named.extend([
-                    ("bkt_ptr", KernelArg::Ptr(state.bkt.ptr(st))),
-                    ("mark_ptr", KernelArg::Ptr(state.mark.ptr(st))),
-                    ("ready_ptr", KernelArg::Ptr(state.ready.ptr(st))),
+                    ("bkt_ptr", KernelArg::Buf(state.bkt.buf(st))),
+                    ("mark_ptr", KernelArg::Buf(state.mark.buf(st))),
+                    ("ready_ptr", KernelArg::Buf(state.ready.buf(st))),
                     ("CAPC", i32_arg("bucket capacity", state.capc)?),
                     ("rows", i32_arg("rows", rows)?),
                     ("fill", KernelArg::I32(i32::from(companion))),
@@ -239,10 +279,10 @@ impl StepLaunches<'_> {
                 let sp = ks.split.as_ref().ok_or_else(|| not_built("pq_thresh"))?;
                 let mut named = self.hist_args(query, key, s, n_old, &state.hist, &state.histn)?;
                 named.extend([
-                    ("bnd_ptr", KernelArg::Ptr(state.split_bnd.ptr(st))),
-                    ("need_ptr", KernelArg::Ptr(state.split_need.ptr(st))),
-                    ("flag_ptr", KernelArg::Ptr(state.split_flag.ptr(st))),
-                    ("ctr_ptr", KernelArg::Ptr(state.split_ctr.ptr(st))),
+                    ("bnd_ptr", KernelArg::Buf(state.split_bnd.buf(st))),
+                    ("need_ptr", KernelArg::Buf(state.split_need.buf(st))),
+                    ("flag_ptr", KernelArg::Buf(state.split_flag.buf(st))),
+                    ("ctr_ptr", KernelArg::Buf(state.split_ctr.buf(st))),
                     ("NP", i32_arg("parts per row", parts)?),
                 ]);
                 // one list for both kernels: each takes the names its signature lists
@@ -297,10 +337,13 @@ impl StepLaunches<'_> {
             let args = order.args(
                 k,
                 &[
-                    ("k_ptr", KernelArg::Ptr(key.ptr)),
-                    ("cent_ptr", KernelArg::Ptr(state.centroids.device_ptr(st).0)),
-                    ("phi_ptr", KernelArg::Ptr(state.phi.device_ptr(st).0)),
-                    ("codes_ptr", KernelArg::Ptr(state.codes.ptr(st))),
+                    ("k_ptr", KernelArg::Buf(key.buf)),
+                    (
+                        "cent_ptr",
+                        KernelArg::Buf(DeviceBuf::of(&state.centroids, st)),
+                    ),
+                    ("phi_ptr", KernelArg::Buf(DeviceBuf::of(&state.phi, st))),
+                    ("codes_ptr", KernelArg::Buf(state.codes.buf(st))),
                     ("k_sb", KernelArg::I64(key.strides[0])),
                     ("k_sh", KernelArg::I64(key.strides[1])),
                     ("k_ss", KernelArg::I64(key.strides[2])),
@@ -329,10 +372,10 @@ impl StepLaunches<'_> {
         let n_chunks = n.div_ceil(ks.chunk);
         let mut named = self.select_args(query, key, s, n_old_sel)?;
         named.extend([
-            ("lut_ptr", KernelArg::Ptr(state.lut.ptr(st))),
-            ("stage_ptr", KernelArg::Ptr(state.stage.ptr(st))),
-            ("cand_ptr", KernelArg::Ptr(state.cand.ptr(st))),
-            ("count_ptr", KernelArg::Ptr(state.count.ptr(st))),
+            ("lut_ptr", KernelArg::Buf(state.lut.buf(st))),
+            ("stage_ptr", KernelArg::Buf(state.stage.buf(st))),
+            ("cand_ptr", KernelArg::Buf(state.cand.buf(st))),
+            ("count_ptr", KernelArg::Buf(state.count.buf(st))),
         ]);
         let args = order.args(k, &named, false)?;
         // Bounds: ensure_buffers sized lut/stage/cand for rows x n_chunks CTAs, codes for
@@ -360,14 +403,17 @@ impl StepLaunches<'_> {
         let state = self.state;
         let (st, cfg) = (&state.stream, &state.cfg);
         Ok(vec![
-            ("q_ptr", KernelArg::Ptr(query.ptr)),
-            ("k_ptr", KernelArg::Ptr(key.ptr)),
-            ("cent_ptr", KernelArg::Ptr(state.centroids.device_ptr(st).0)),
-            ("phi_ptr", KernelArg::Ptr(state.phi.device_ptr(st).0)),
-            ("codes_ptr", KernelArg::Ptr(state.codes.ptr(st))),
-            ("sl_ptr", KernelArg::Ptr(state.sparse_list.ptr(st))),
-            ("len_ptr", KernelArg::Ptr(state.sparse_len.ptr(st))),
-            ("w_ptr", KernelArg::Ptr(state.weight.ptr(st))),
+            ("q_ptr", KernelArg::Buf(query.buf)),
+            ("k_ptr", KernelArg::Buf(key.buf)),
+            (
+                "cent_ptr",
+                KernelArg::Buf(DeviceBuf::of(&state.centroids, st)),
+            ),
+            ("phi_ptr", KernelArg::Buf(DeviceBuf::of(&state.phi, st))),
+            ("codes_ptr", KernelArg::Buf(state.codes.buf(st))),
+            ("sl_ptr", KernelArg::Buf(state.sparse_list.buf(st))),
+            ("len_ptr", KernelArg::Buf(state.sparse_len.buf(st))),
+            ("w_ptr", KernelArg::Buf(state.weight_buf())),
             ("q_sb", KernelArg::I64(query.strides[0])),
             ("q_sh", KernelArg::I64(query.strides[1])),
             ("k_sb", KernelArg::I64(key.strides[0])),
@@ -408,10 +454,10 @@ impl StepLaunches<'_> {
         let st = &state.stream;
         let mut named = self.select_args(query, key, s, n_old)?;
         named.extend([
-            ("hist_ptr", KernelArg::Ptr(hist.ptr(st))),
-            ("histn_ptr", KernelArg::Ptr(histn.ptr(st))),
-            ("lvl_ptr", KernelArg::Ptr(state.hist_lvl.ptr(st))),
-            ("lut_ptr", KernelArg::Ptr(state.hist_lut.ptr(st))),
+            ("hist_ptr", KernelArg::Buf(hist.buf(st))),
+            ("histn_ptr", KernelArg::Buf(histn.buf(st))),
+            ("lvl_ptr", KernelArg::Buf(state.hist_lvl.buf(st))),
+            ("lut_ptr", KernelArg::Buf(state.hist_lut.buf(st))),
             ("bits", i32_arg("pq_bits", state.cfg.pq_bits as usize)?),
         ]);
         Ok(named)
@@ -421,11 +467,11 @@ impl StepLaunches<'_> {
 /// Issue one step's launches on `stream`.
 pub(crate) fn issue(stream: &Arc<CudaStream>, launches: &[Launch]) -> Result<()> {
     for l in launches {
-        // SAFETY: `StepLaunches::build` built these arguments for buffers that
-        // `ensure_buffers` sized for this step (see its `Bounds:` comments) and for
-        // caller-vouched query and key views; every launch is on this indexer's stream,
-        // in order.
-        unsafe { l.kernel.launch(stream, l.grid, &l.args)? };
+        // Bounds: `StepLaunches::build` built these arguments for buffers that
+        // `ensure_buffers` sized for this step (see its `Bounds:` comments) and for query
+        // and key views whose extent `GpuIndexer::step` checked; every launch is on this
+        // indexer's stream, in order.
+        l.kernel.launch(stream, l.grid, &l.args)?;
     }
     Ok(())
 }

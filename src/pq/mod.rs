@@ -22,16 +22,21 @@
 
 pub mod check;
 pub mod config;
+#[cfg(feature = "cli")]
+mod generate;
 pub mod gpu;
 mod graph;
 mod harness;
 mod indexer;
+#[cfg(feature = "cli")]
 pub mod io;
 mod kernels;
 mod launch;
 pub mod plan;
 pub mod reference;
 mod state;
+#[cfg(feature = "cli")]
+pub mod tune;
 pub mod workload;
 
 pub use check::{check, check_exact, CheckMode, CheckReport};

@@ -33,7 +33,7 @@ pub const AUTO_SPLIT_MIN_KEYS: usize = 16384;
 pub const AUTO_HIST_MIN_KEYS: usize = 32768;
 
 /// Which select kernel a (non-short) step uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SelectPath {
     /// The histogram path where it applies and the shape favours it: the indexed path
     /// (`pq_index`, its weights written as [`SelectPath::Index`] chooses) wherever it is

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::devbuf::DevBuf;
+use crate::abi::KernelArg;
+use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::Result;
-use crate::kernel::KernelArg;
 use crate::pq::config::{PqConfig, Shape};
 use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS};
 use crate::pq::launch::{i32_arg, ArgOrder};
@@ -90,7 +90,7 @@ impl DeviceState {
     ) -> Result<Self> {
         let drv = |what: &str| {
             let what = what.to_string();
-            move |e| crate::device::driver_err(what, e)
+            move |e| crate::driver::device::driver_err(what, e)
         };
         let centroids = stream
             .clone_htod(centroids)
@@ -153,6 +153,13 @@ impl DeviceState {
         Ok(me)
     }
 
+    /// `weight_list`'s buffer as a kernel argument of the weight dtype.
+    pub fn weight_buf(&self) -> DeviceBuf {
+        self.weight
+            .buf(&self.stream)
+            .as_dtype(self.cfg.weight_dtype.triton())
+    }
+
     /// Rows of the outputs, `B*H`.
     pub fn rows(&self) -> usize {
         self.shape.b * self.shape.h
@@ -174,13 +181,13 @@ impl DeviceState {
             let mut tmp: DevBuf<i64> = DevBuf::new();
             let nc = self.n_cached;
             tmp.ensure(&self.stream, b * nc * h_kv * m)?;
-            let src = self.codes.ptr(&self.stream);
+            let src = self.codes.buf(&self.stream);
             self.launch_codes_copy(
                 kernels,
                 order,
                 true,
                 src,
-                tmp.ptr(&self.stream),
+                tmp.buf(&self.stream),
                 nc,
                 self.cap,
             )?;
@@ -188,14 +195,14 @@ impl DeviceState {
                 kernels,
                 order,
                 false,
-                tmp.ptr(&self.stream),
-                next.ptr(&self.stream),
+                tmp.buf(&self.stream),
+                next.buf(&self.stream),
                 nc,
                 new_cap,
             )?;
             self.stream
                 .synchronize()
-                .map_err(|e| crate::device::driver_err("growing the code state", e))?;
+                .map_err(|e| crate::driver::device::driver_err("growing the code state", e))?;
         }
         self.codes = next;
         self.cap = new_cap;
@@ -209,8 +216,8 @@ impl DeviceState {
         kernels: &Kernels,
         order: &ArgOrder,
         export: bool,
-        src: u64,
-        dst: u64,
+        src: DeviceBuf,
+        dst: DeviceBuf,
         n: usize,
         cap: usize,
     ) -> Result<()> {
@@ -224,8 +231,8 @@ impl DeviceState {
         let args = order.args(
             k,
             &[
-                ("src_ptr", KernelArg::Ptr(src)),
-                ("dst_ptr", KernelArg::Ptr(dst)),
+                ("src_ptr", KernelArg::Buf(src)),
+                ("dst_ptr", KernelArg::Buf(dst)),
                 ("N", i32_arg("N", n)?),
                 ("H_kv", i32_arg("H_kv", self.shape.h_kv)?),
                 ("M", i32_arg("M", self.cfg.m())?),
@@ -234,10 +241,10 @@ impl DeviceState {
             false,
         )?;
         let grid = [n.div_ceil(block).max(1) as u32, rows as u32, 1];
-        // SAFETY: src and dst are this indexer's buffers (or a temp of the same
-        // stream) sized for `rows x cap` u8 codes and `B x n x H_kv x M` i64 codes; the
-        // kernel touches j < n <= cap only; everything runs on self.stream in order.
-        unsafe { k.launch(&self.stream, grid, &args) }
+        // Bounds: src and dst are this indexer's buffers (or a temp of the same stream)
+        // sized for `rows x cap` u8 codes and `B x n x H_kv x M` i64 codes; the kernel
+        // touches j < n <= cap only; everything runs on self.stream in order.
+        k.launch(&self.stream, grid, &args)
     }
 
     /// Replace the code state with `n` keys of upstream-layout codes `i64 [B, n, H_kv,
@@ -256,13 +263,13 @@ impl DeviceState {
             let src = self
                 .stream
                 .clone_htod(codes)
-                .map_err(|e| crate::device::driver_err("uploading codes", e))?;
-            let srcp = src.device_ptr(&self.stream).0;
-            let dst = self.codes.ptr(&self.stream);
+                .map_err(|e| crate::driver::device::driver_err("uploading codes", e))?;
+            let srcp = DeviceBuf::of(&src, &self.stream);
+            let dst = self.codes.buf(&self.stream);
             self.launch_codes_copy(kernels, order, false, srcp, dst, n, self.cap)?;
             self.stream
                 .synchronize()
-                .map_err(|e| crate::device::driver_err("importing codes", e))?;
+                .map_err(|e| crate::driver::device::driver_err("importing codes", e))?;
         }
         self.n_cached = n;
         Ok(())
@@ -280,15 +287,15 @@ impl DeviceState {
             kernels,
             order,
             true,
-            self.codes.ptr(&self.stream),
-            tmp.ptr(&self.stream),
+            self.codes.buf(&self.stream),
+            tmp.buf(&self.stream),
             n,
             self.cap,
         )?;
         let mut host = self
             .stream
             .clone_dtoh(tmp.slice().expect("allocated above"))
-            .map_err(|e| crate::device::driver_err("downloading codes", e))?;
+            .map_err(|e| crate::driver::device::driver_err("downloading codes", e))?;
         host.truncate(b * n * h_kv * m);
         Ok(host)
     }
@@ -306,7 +313,7 @@ impl DeviceState {
         ] {
             if let Some(buf) = b.slice_mut() {
                 st.memset_zeros(buf).map_err(|e| {
-                    crate::device::driver_err("clearing the combination histogram", e)
+                    crate::driver::device::driver_err("clearing the combination histogram", e)
                 })?;
             }
         }
@@ -411,7 +418,7 @@ impl DeviceState {
         s: usize,
     ) -> Result<(Vec<i64>, Vec<i64>, Vec<u8>)> {
         let rows = self.rows();
-        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
         self.stream
             .synchronize()
             .map_err(drv("synchronizing the indexer stream"))?;
@@ -438,7 +445,7 @@ impl DeviceState {
     /// the byte 0x7f). Asynchronous.
     pub fn poison_outputs(&mut self) -> Result<()> {
         let st = self.stream.clone();
-        let drv = |what: &'static str| move |e| crate::device::driver_err(what, e);
+        let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
         if let Some(b) = self.sparse_list.slice_mut() {
             let v = vec![-7i64; b.len()];
             st.memcpy_htod(&v, b)

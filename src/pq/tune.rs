@@ -10,7 +10,7 @@
 //!   sm_80 ones elsewhere; `artifact_sha256` is the sha256 of the cubin or PTX that is
 //!   actually loaded);
 //! - computes its bucket with [`bucket_for`] (decode features: alignment 1, see
-//!   [`super::bucket`]);
+//!   [`crate::tune::bucket`]);
 //! - allocates, at its first use (so a session of many targets holds the memory of one),
 //!   [`input_sets_for`]`(bytes per launch, L2 size)` seeded standard-normal / uniform
 //!   input sets, never all zeros, and poisons outputs (NaN, -7) before each checked run;
@@ -40,7 +40,7 @@
 //!   selects, so a "launch" is one whole decode step (CUDA-graph replay of the step, which
 //!   is one select-kernel launch, as `tritonrt run`/`bench` issue it). Outputs
 //!   (`sparse_list`, `sparse_len`, `weight_list`, codes) must equal the default variant's
-//!   exactly; if they do not, the spec's rule ([`crate::pq::check`]) decides, since a
+//!   exactly; if they do not, the spec's rule ([`crate::pq::check()`]) decides, since a
 //!   variant may order a near-tie differently (counted in the entry's workload text).
 //!
 //! [`tuned_select_variant`] is the launch-time side: the tuned select variant for a
@@ -50,22 +50,24 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rand_distr::StandardNormal;
 
-use super::bucket::{align_of, bucket_for, ShapeBucket, ShapeFeatures, Workload};
-use super::candidate::{Candidate, CandidateSet};
-use super::procedure::TuneTarget;
-use super::procedure::{compare_exact, compare_f32, input_sets_for, OutputCheck, TimingPlan};
-use super::table::{DeviceKey, SelectionSource, TuningTable};
-use crate::artifact::{ArtifactStore, Variant};
-use crate::device::Device;
+use crate::abi::{arg_positions, KernelArg};
+use crate::artifact::{ArgType, ArtifactStore, Dtype, Variant};
+use crate::driver::device::Device;
+use crate::driver::{DeviceBuf, DeviceDtype, Kernel};
 use crate::error::{Error, Result};
-use crate::kernel::{arg_positions, Kernel, KernelArg, Runtime};
 use crate::pq::gpu::{select_kernel_name, DeviceTensorRef, GpuIndexer, LaunchMode};
 use crate::pq::{DType, PqConfig, PqInputs, PqOutput, Shape};
+use crate::runtime::Runtime;
+use crate::tune::bucket::{align_of, bucket_for, ShapeBucket, ShapeFeatures, Workload};
+use crate::tune::candidate::{Candidate, CandidateSet};
+use crate::tune::procedure::TuneTarget;
+use crate::tune::procedure::{compare_exact, compare_f32, input_sets_for, OutputCheck, TimingPlan};
+use crate::tune::table::{DeviceKey, SelectionSource, TuningTable};
 
 /// The upstream scoring kernel's logical name.
 pub const SCORE_V6: &str = "pq_score_kernel_v6";
@@ -279,7 +281,7 @@ pub fn score_bucket(kernel: &str, dtype: &str, w: &Workload, arch: u32) -> Resul
 }
 
 /// Environment variable naming the tuning table file (as `tritonrt autotune --table`);
-/// when unset or empty the default path ([`super::table::default_path`]) is used.
+/// when unset or empty the default path ([`crate::tune::table::default_path`]) is used.
 pub const TABLE_ENV: &str = "TRITONRT_TUNING_TABLE";
 
 /// The tuning table the runtime reads at launch: `$TRITONRT_TUNING_TABLE` when set, else
@@ -498,8 +500,25 @@ fn i64a(v: usize) -> KernelArg {
     KernelArg::I64(v as i64)
 }
 
-fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    s.device_ptr(stream).0
+fn dbuf<T: DeviceDtype>(s: &CudaSlice<T>, stream: &CudaStream) -> DeviceBuf {
+    DeviceBuf::of(s, stream)
+}
+
+/// The element dtype of `k`'s pointer argument `name` (for a buffer of bytes).
+fn ptr_dtype(k: &Kernel, name: &str) -> std::result::Result<Dtype, String> {
+    match k
+        .variant()
+        .signature
+        .iter()
+        .find(|a| a.name == name)
+        .map(|a| a.ty)
+    {
+        Some(ArgType::Ptr(Some(d))) => Ok(d),
+        other => Err(format!(
+            "{}: {name} is not a typed pointer argument ({other:?})",
+            k.id()
+        )),
+    }
 }
 
 /// The number of keys of input set `s` of `n_sets`: the workload's `n`, except the last
@@ -751,13 +770,13 @@ fn v6_args(
     let args = named_args(
         k,
         &[
-            ("queries_ptr", KernelArg::Ptr(dptr(&st.query, &st.stream))),
+            ("queries_ptr", KernelArg::Buf(dbuf(&st.query, &st.stream))),
             (
                 "centroids_ptr",
-                KernelArg::Ptr(dptr(&st.centroids, &st.stream)),
+                KernelArg::Buf(dbuf(&st.centroids, &st.stream)),
             ),
-            ("codebook_ptr", KernelArg::Ptr(dptr(&set.codes, &st.stream))),
-            ("scores_ptr", KernelArg::Ptr(dptr(&set.scores, &st.stream))),
+            ("codebook_ptr", KernelArg::Buf(dbuf(&set.codes, &st.stream))),
+            ("scores_ptr", KernelArg::Buf(dbuf(&set.scores, &st.stream))),
             ("b", i32a("B", b)?),
             ("h", i32a("H", h)?),
             ("n_subvec", i32a("M", m)?),
@@ -788,13 +807,13 @@ fn v6_args(
 
 /// Launch `k` with `p`, prepared by [`v6_args`] for `k` on `st`.
 fn launch_v6(k: &Kernel, st: &ScoreV6State, p: &Prepared) -> std::result::Result<(), String> {
-    // SAFETY: `p` was built by v6_args from this state's buffers: query [B,H,M,d_s],
+    // Bounds: `p` was built by v6_args from this state's buffers: query [B,H,M,d_s],
     // centroids [B,H,M,K,d_s], codes [B,N,H,M] (values in 0..K) and scores [B,H,N] are
     // allocations of this state, alive until it is dropped (run and time synchronize
     // the stream before returning); v6_args's strides describe exactly those layouts,
     // the kernel masks keys >= n_clustered (<= N) and d >= d_s, and every launch is on
     // st.stream, the only stream using them.
-    unsafe { k.launch(&st.stream, p.0, &p.1) }.map_err(err_s)
+    k.launch(&st.stream, p.0, &p.1).map_err(err_s)
 }
 
 fn read_f32(
@@ -1002,10 +1021,13 @@ fn lut_args(
     let args = named_args(
         k,
         &[
-            ("q_ptr", KernelArg::Ptr(dptr(&st.query, &st.stream))),
-            ("cent_ptr", KernelArg::Ptr(dptr(&st.centroids, &st.stream))),
-            ("codes_ptr", KernelArg::Ptr(dptr(&set.codes, &st.stream))),
-            ("scores_ptr", KernelArg::Ptr(dptr(&set.scores, &st.stream))),
+            (
+                "q_ptr",
+                KernelArg::Buf(dbuf(&st.query, &st.stream).as_dtype(ptr_dtype(k, "q_ptr")?)),
+            ),
+            ("cent_ptr", KernelArg::Buf(dbuf(&st.centroids, &st.stream))),
+            ("codes_ptr", KernelArg::Buf(dbuf(&set.codes, &st.stream))),
+            ("scores_ptr", KernelArg::Buf(dbuf(&set.scores, &st.stream))),
             ("q_sb", i64a(d.h * dd)),
             ("q_sh", i64a(dd)),
             ("H", i32a("H", d.h)?),
@@ -1028,12 +1050,12 @@ fn lut_args(
 
 /// Launch `k` with `p`, prepared by [`lut_args`] for `k` on `st`.
 fn launch_lut(k: &Kernel, st: &LutState, p: &Prepared) -> std::result::Result<(), String> {
-    // SAFETY: `p` was built by lut_args from this state's buffers: query [B,H,D] in the
+    // Bounds: `p` was built by lut_args from this state's buffers: query [B,H,D] in the
     // kernel's dtype, centroids [B,H_kv,M,K,d_s] fp32, codes u8 [B,H_kv,M,cap] and
     // scores [B*H, N >= n] are allocations of this state, alive until it is dropped; the
     // kernel reads codes j < cap, writes scores j < n of each row (row stride n <= N),
     // masks d >= d_s and c >= K; everything runs on st.stream only.
-    unsafe { k.launch(&st.stream, p.0, &p.1) }.map_err(err_s)
+    k.launch(&st.stream, p.0, &p.1).map_err(err_s)
 }
 
 impl TuneTarget for ScoreLutTarget {
@@ -1255,25 +1277,22 @@ impl SelectTarget {
                     .map_err(|e| format!("uploading key rows: {e}"))?;
             }
             stream.synchronize().map_err(err_s)?;
-            let (q_ptr, k_ptr) = (dptr(&query, &stream), dptr(&key, &stream));
-            // SAFETY: both buffers are owned by the state this view is stored in and are
-            // dropped only with it; query holds [B, H, D] and key [B, H_kv, S, D] in the
-            // config's input dtype, contiguous (the strides below); every step of this
-            // target reads query rows and key positions < S only.
-            let (q_ref, k_ref) = unsafe {
-                (
-                    DeviceTensorRef::new(q_ptr, qt, [(sh.h * sh.d) as i64, sh.d as i64, 0]),
-                    DeviceTensorRef::new(
-                        k_ptr,
-                        qt,
-                        [
-                            (sh.h_kv * sh.s * sh.d) as i64,
-                            (sh.s * sh.d) as i64,
-                            sh.d as i64,
-                        ],
-                    ),
-                )
-            };
+            let q_ref = DeviceTensorRef::new(
+                dbuf(&query, &stream),
+                qt,
+                [(sh.h * sh.d) as i64, sh.d as i64, 0],
+            )
+            .map_err(err_s)?;
+            let k_ref = DeviceTensorRef::new(
+                dbuf(&key, &stream),
+                qt,
+                [
+                    (sh.h_kv * sh.s * sh.d) as i64,
+                    (sh.s * sh.d) as i64,
+                    sh.d as i64,
+                ],
+            )
+            .map_err(err_s)?;
             self.state = Some(SelectState {
                 stream,
                 base,

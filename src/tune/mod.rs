@@ -19,7 +19,9 @@
 //!   [`TuningTable::select`]).
 //! - [`procedure`]: the tuning procedure over any backend implementing [`TuneTarget`]
 //!   (the GPU backend times with CUDA events; tests use a dummy CPU backend).
-//! - [`gpu`]: [`gpu_targets`], the GPU backend's entry point.
+//!
+//! The targets come from the application: `pq::tune` (feature `cli`) registers the
+//! indexer's kernels; this module imports nothing from it.
 //!
 //! The rules the procedure enforces: the default variant is always timed and is the
 //! correctness oracle; a variant that fails to launch, or whose output differs from the
@@ -29,13 +31,11 @@
 
 pub mod bucket;
 pub mod candidate;
-pub mod gpu;
 pub mod procedure;
 pub mod table;
 
 pub use bucket::{align_of, bucket_for, ShapeBucket, ShapeFeatures, Workload, ALIGN_CAP};
 pub use candidate::{Candidate, CandidateSet};
-pub use gpu::{gpu_targets, GpuRequest, GpuSession};
 pub use procedure::{
     compare_exact, compare_f32, input_sets_for, render_report, render_summary, tune, OutputCheck,
     TimingPlan, TimingStats, TuneSettings, TuneTarget,

@@ -6,6 +6,6 @@ use std::sync::Arc;
 /// The engine's context, as candle holds it, handed to tritonrt.
 pub fn runtime_on_engine_context(
     ctx: Arc<cudarc::driver::CudaContext>,
-) -> tritonrt::Result<Arc<tritonrt::device::Device>> {
-    tritonrt::device::Device::from_context(ctx)
+) -> tritonrt::Result<Arc<tritonrt::driver::Device>> {
+    tritonrt::driver::Device::from_context(ctx)
 }

@@ -1,0 +1,128 @@
+//! CUDA graphs of kernel launches: [`KernelGraph`] captures what a closure issues on a
+//! stream, replays it, and points its kernel nodes at new arguments and grids in place
+//! (`cuGraphExecKernelNodeSetParams`), so a captured decode step can follow a growing
+//! sequence without a new capture.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaGraph, CudaStream};
+
+use super::device::driver_err;
+use super::kernel::Kernel;
+use crate::abi::KernelArg;
+use crate::error::{Error, Result};
+
+/// An instantiated CUDA graph captured from one stream, with its kernel nodes in launch
+/// order. Owns the graph (and so every handle it hands the driver).
+pub struct KernelGraph {
+    graph: CudaGraph,
+    nodes: Vec<sys::CUgraphNode>,
+}
+
+impl std::fmt::Debug for KernelGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelGraph")
+            .field("kernel_nodes", &self.nodes.len())
+            .finish()
+    }
+}
+
+impl KernelGraph {
+    /// Capture what `issue` launches on `stream` (thread-local capture mode) into a graph
+    /// and instantiate it. Nothing runs until [`KernelGraph::launch`].
+    ///
+    /// Errors: `issue`'s error (the capture is ended first); the driver's, beginning or
+    /// ending the capture; [`Error::Invalid`] when nothing was captured.
+    pub fn capture(
+        stream: &Arc<CudaStream>,
+        issue: impl FnOnce(&Arc<CudaStream>) -> Result<()>,
+    ) -> Result<KernelGraph> {
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| driver_err("beginning graph capture", e))?;
+        let issued = issue(stream);
+        let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        issued?;
+        let graph = ended
+            .map_err(|e| driver_err("ending graph capture", e))?
+            .ok_or_else(|| Error::invalid("graph capture", "the captured graph is empty"))?;
+        // SAFETY: `graph` was just instantiated, is owned here and nothing else holds it.
+        let nodes = unsafe { graph_kernel_nodes(graph.cu_graph())? };
+        Ok(KernelGraph { graph, nodes })
+    }
+
+    /// Kernel nodes, in launch order.
+    pub fn kernel_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Replay the graph on the stream it was captured from. Errors: the driver's.
+    pub fn launch(&self) -> Result<()> {
+        self.graph
+            .launch()
+            .map_err(|e| driver_err("replaying a graph", e))
+    }
+
+    /// Point kernel node `i` (launch order) at `grid` and `args`; the node must have been
+    /// captured from a launch of `kernel`. Arguments are checked as for
+    /// [`Kernel::launch`] (device buffers and scalars only). A PDL variant's node keeps
+    /// its programmatic edge.
+    ///
+    /// Errors: [`Error::Invalid`] (no node `i`), argument errors, [`Error::Launch`] (a
+    /// node of another kernel, a variant that needs scratch, a cluster or a cooperative
+    /// grid, or the driver refusing the update).
+    pub fn update(
+        &mut self,
+        i: usize,
+        kernel: &Kernel,
+        grid: [u32; 3],
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let node = *self.nodes.get(i).ok_or_else(|| {
+            Error::invalid(
+                "graph node",
+                format!("node {i} of a graph with {} kernel nodes", self.nodes.len()),
+            )
+        })?;
+        kernel.refuse_raw(args)?;
+        // SAFETY: the exec and node handles are this graph's own (alive as long as
+        // `self`); `&mut self` keeps any other update of them out, and a replay
+        // (`launch`) copies the parameters at launch time; the arguments are device
+        // buffers of live allocations and checked scalars (`refuse_raw` and the
+        // signature check in `update_graph_node`).
+        unsafe { kernel.update_graph_node(self.graph.cu_graph_exec(), node, grid, args) }
+    }
+}
+
+/// The kernel nodes of `graph`, in the order the driver lists them (for a graph
+/// captured from one stream: launch order).
+///
+/// # Safety
+///
+/// `graph` must be a live graph handle not modified concurrently.
+unsafe fn graph_kernel_nodes(graph: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>> {
+    let err = |what: &str, e: cudarc::driver::DriverError| Error::Launch {
+        kernel: "(graph)".to_string(),
+        msg: format!("{what}: {e}"),
+    };
+    let mut n = 0usize;
+    sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n)
+        .result()
+        .map_err(|e| err("counting graph nodes", e))?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n)
+        .result()
+        .map_err(|e| err("listing graph nodes", e))?;
+    nodes.truncate(n);
+    let mut out = Vec::new();
+    for node in nodes {
+        let mut ty = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        sys::cuGraphNodeGetType(node, &mut ty)
+            .result()
+            .map_err(|e| err("reading a graph node's type", e))?;
+        if ty == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+            out.push(node);
+        }
+    }
+    Ok(out)
+}
