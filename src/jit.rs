@@ -31,6 +31,24 @@ pub const CACHE_DIR_ENV: &str = "TRITONRT_CACHE_DIR";
 const MAGIC: &[u8; 8] = b"TRTCUBN1";
 const HEADER: usize = 8 + 8 + 32;
 
+/// The cache directory from its inputs (testable without touching the environment): `env`
+/// is the value of `TRITONRT_CACHE_DIR` (used when set and non-empty), `user_cache` the
+/// platform's user cache directory (then `<user_cache>/tritonrt`). The cubin cache and the
+/// tuning table both live there.
+///
+/// Errors: [`Error::NoCacheDir`] (neither is available).
+pub fn cache_dir_from(
+    env: Option<std::ffi::OsString>,
+    user_cache: Option<PathBuf>,
+) -> Result<PathBuf> {
+    match env {
+        Some(v) if !v.is_empty() => Ok(PathBuf::from(v)),
+        _ => user_cache
+            .map(|d| d.join("tritonrt"))
+            .ok_or(Error::NoCacheDir),
+    }
+}
+
 /// Options passed to the driver's JIT; part of the cache key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct JitOptions {
@@ -173,12 +191,7 @@ impl CubinCache {
     /// The default directory: `$TRITONRT_CACHE_DIR`, else `dirs::cache_dir()/tritonrt`.
     /// Errors: [`Error::NoCacheDir`].
     pub fn default_dir() -> Result<PathBuf> {
-        if let Some(d) = std::env::var_os(CACHE_DIR_ENV).filter(|d| !d.is_empty()) {
-            return Ok(PathBuf::from(d));
-        }
-        dirs::cache_dir()
-            .map(|d| d.join("tritonrt"))
-            .ok_or(Error::NoCacheDir)
+        cache_dir_from(std::env::var_os(CACHE_DIR_ENV), dirs::cache_dir())
     }
 
     /// A cache in [`CubinCache::default_dir`].

@@ -5,8 +5,9 @@
 use std::path::Path;
 use std::process::Command;
 
+use tritonrt::artifact::write_atomic;
 use tritonrt::pq::check::{check_with, CheckMode, CheckOptions, ViolationKind};
-use tritonrt::pq::io::{read_inputs, read_outputs, write_atomic, write_inputs, write_outputs};
+use tritonrt::pq::io::{read_inputs, read_outputs, write_inputs, write_outputs};
 use tritonrt::pq::reference::{quantize_key, subvector_distance};
 use tritonrt::pq::{
     check, check_exact, step, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput, Shape,

@@ -33,22 +33,39 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Write `bytes` to `path` atomically: a temp file in the same directory, flushed, then
-/// renamed over `path`. Readers see the old file or the new one, never a partial one.
+/// Write `bytes` to `path` atomically: a temporary file in the same directory, flushed
+/// and synced, then renamed over `path` (on Unix with the replaced file's permissions,
+/// else `rw-r--r--`). On any failure the temporary file is removed
+/// and `path` is untouched: readers see the old file or the new one, never a partial one.
+/// Errors: [`Error::Io`] naming the path and the operation.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-tritonrt-")
-        .tempfile_in(dir)
-        .map_err(|e| Error::io("creating a temp file in", dir, e))?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".tritonrt-").suffix(".tmp");
+    // A temporary file is private (0600); the result should look like any other output
+    // file: keep the permissions of the file it replaces, else rw-r--r--.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let perms = std::fs::metadata(path)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.permissions())
+            .unwrap_or_else(|| std::fs::Permissions::from_mode(0o644));
+        builder.permissions(perms);
+    }
+    let mut tmp = builder
+        .tempfile_in(&dir)
+        .map_err(|e| Error::io("creating a temporary file in", &dir, e))?;
     tmp.write_all(bytes)
+        .and_then(|_| tmp.flush())
         .and_then(|_| tmp.as_file().sync_all())
         .map_err(|e| Error::io("writing", tmp.path().to_path_buf(), e))?;
     tmp.persist(path)
-        .map_err(|e| Error::io("renaming a temp file to", path, e.error))?;
+        .map_err(|e| Error::io("renaming the temporary file onto", path, e.error))?;
     Ok(())
 }
 

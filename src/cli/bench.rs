@@ -121,7 +121,7 @@ fn save_inputs(path: &std::path::Path, cfg: &PqConfig, inputs: &PqInputs) -> any
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     let bytes = safetensors::serialize(tensors, Some(meta))?;
-    tritonrt::pq::io::write_atomic(path, &bytes)?;
+    tritonrt::artifact::write_atomic(path, &bytes)?;
     Ok(())
 }
 
@@ -226,7 +226,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     say!("(us: medians per step; wall = host timer around step + synchronize; gpu = CUDA events; floor = bytes / copy bandwidth)");
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(&json)? + "\n";
-        tritonrt::pq::io::write_atomic(path, text.as_bytes())
+        tritonrt::artifact::write_atomic(path, text.as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
         say!("results written to {}", path.display());
     }

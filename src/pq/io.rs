@@ -21,7 +21,6 @@
 //! partial file behind.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
@@ -29,6 +28,7 @@ use safetensors::{Dtype, SafeTensors};
 use super::config::{DType, Metric, PqConfig, PqConfigOverrides, Shape};
 use super::reference::PqOutput;
 use super::workload::PqInputs;
+use crate::artifact::write_atomic;
 use crate::error::{Error, Result};
 
 /// Input tensor names.
@@ -595,41 +595,6 @@ fn write_tensors(
         msg: format!("serializing: {e}"),
     })?;
     write_atomic(path, &bytes)
-}
-
-/// Write `bytes` to `path` atomically: a temporary file in the same directory, flushed
-/// and synced, then renamed over `path` (on Unix with the replaced file's permissions,
-/// else `rw-r--r--`). On any failure the temporary file is removed
-/// and `path` is untouched. Errors: [`Error::Io`] naming the path and the operation.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(".tritonrt-").suffix(".tmp");
-    // A temporary file is private (0600); the result should look like any other output
-    // file: keep the permissions of the file it replaces, else rw-r--r--.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let perms = std::fs::metadata(path)
-            .ok()
-            .filter(|m| m.is_file())
-            .map(|m| m.permissions())
-            .unwrap_or_else(|| std::fs::Permissions::from_mode(0o644));
-        builder.permissions(perms);
-    }
-    let mut tmp = builder
-        .tempfile_in(&dir)
-        .map_err(|e| Error::io("creating a temporary file in", &dir, e))?;
-    tmp.write_all(bytes)
-        .and_then(|_| tmp.flush())
-        .and_then(|_| tmp.as_file().sync_all())
-        .map_err(|e| Error::io("writing", tmp.path().to_path_buf(), e))?;
-    tmp.persist(path)
-        .map_err(|e| Error::io("renaming the temporary file onto", path, e.error))?;
-    Ok(())
 }
 
 fn config_metadata(cfg: &PqConfig) -> HashMap<String, String> {

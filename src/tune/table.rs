@@ -41,8 +41,6 @@
 //! are used. Import ([`TuningTable::load`]) is strict instead and says what is wrong.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsString;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -60,8 +58,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// File name of the table inside the cache directory.
 pub const TABLE_FILE_NAME: &str = "tuning.json";
 
-/// Environment variable overriding the cache directory (shared with the cubin cache).
-pub const CACHE_DIR_ENV: &str = "TRITONRT_CACHE_DIR";
+pub use crate::jit::{cache_dir_from, CACHE_DIR_ENV};
 
 /// Identifies the GPU a measurement was taken on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -712,22 +709,7 @@ impl TuningTable {
     pub fn save(&self, path: &Path) -> Result<()> {
         let dir = parent_dir(path);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating directory", &dir, e))?;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".tuning-")
-            .suffix(".tmp")
-            .tempfile_in(&dir)
-            .map_err(|e| Error::io("creating a temporary file in", &dir, e))?;
-        let tmp_path = tmp.path().to_path_buf();
-        tmp.write_all(self.to_json_string().as_bytes())
-            .and_then(|_| tmp.as_file().sync_all())
-            .map_err(|e| Error::io("writing", &tmp_path, e))?;
-        tmp.persist(path)
-            .map_err(|e| Error::io("renaming a temporary file onto", path, e.error))?;
-        // Make the rename durable; best effort (not every filesystem supports it).
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        crate::artifact::write_atomic(path, self.to_json_string().as_bytes())
     }
 
     /// Merge this table into the one at `path` and write the result atomically: load
@@ -802,26 +784,7 @@ fn warn_once(path: &Path) -> bool {
 ///
 /// [`Error::Invalid`] when neither is available.
 pub fn cache_dir() -> Result<PathBuf> {
-    cache_dir_from(std::env::var_os(CACHE_DIR_ENV), dirs::cache_dir())
-}
-
-/// [`cache_dir`] with its inputs made explicit (testable without touching the
-/// environment): `env` is the value of `TRITONRT_CACHE_DIR`, `user_cache` the user's
-/// cache directory.
-///
-/// # Errors
-///
-/// [`Error::Invalid`] when `env` is unset or empty and `user_cache` is `None`.
-pub fn cache_dir_from(env: Option<OsString>, user_cache: Option<PathBuf>) -> Result<PathBuf> {
-    match env {
-        Some(v) if !v.is_empty() => Ok(PathBuf::from(v)),
-        _ => user_cache.map(|d| d.join("tritonrt")).ok_or_else(|| {
-            Error::invalid(
-                "cache directory",
-                format!("the system reports no user cache directory; set {CACHE_DIR_ENV}"),
-            )
-        }),
-    }
+    crate::jit::CubinCache::default_dir()
 }
 
 /// The default table path: [`cache_dir`]`()/`[`TABLE_FILE_NAME`].
