@@ -8,7 +8,7 @@ host timer around step + torch.cuda.synchronize(); GPU time = CUDA events around
 3. kernels_triton/reference.py in PyTorch eager
 4. PyTorch calling our Triton kernels through Triton's Python launcher: the kernels
    tritonrt runs here (`pq_index`, after `pq_wfill` where tritonrt launches it), and
-   session 1's fused `pq_select` for comparison
+   the fused `pq_select` (the chunked path) for comparison
 5. each of those under a torch CUDA graph
 
 `tritonrt bench --save-inputs` writes each shape's inputs (the key rows a step reads,

@@ -49,7 +49,7 @@ def prefer_shared_carveout(ck):
     """Ask for the most shared memory (100 %) in the L1 / shared split of the SMs that run
     the compiled kernel ``ck``, as the runtime does for ``pq_wfill``
     (``Kernel::prefer_shared_carveout``): room for ``pq_index``'s CTAs (32 KB of shared
-    memory) beside it (NOTES.md, session 11)."""
+    memory) beside it (NOTES.md, "the indexed histogram path (`pq_wfill` + `pq_index`)")."""
     ck._init_handles()
     ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(ck.function), CARVEOUT_ATTRIBUTE, 100)
 

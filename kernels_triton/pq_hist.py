@@ -620,7 +620,7 @@ def _args(qt, wt):
 
 
 def _variants(qt, wt, mp):
-    # measured on the H100 (NOTES.md, session 4, JIT harness): with M <= 2, TILE 8192 and
+    # measured on the H100 (NOTES.md, "a cheaper emit for `pq_hist`", JIT harness): with M <= 2, TILE 8192 and
     # 8 warps was the fastest (reference 30.2 us, large 77.1 us) although it spills (ptxas:
     # 308 bytes of spill stores); TILE 4096 w8 (no spills) 32.9 / 86.9 us. sm_80 and MP=4 (more code rows per
     # key) keep TILE 4096, which does not spill there.

@@ -88,7 +88,7 @@ def _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC: tl.constexpr
     pass over the codes). The table is reduced as ``_head_lut`` reduces it and the entries are
     added as ``_combo_scores`` adds them, so the scores are the same bits. ``cnt``: the
     row's histogram (``hist_row``'s first NC entries). H100, JIT harness, companion fill
-    (NOTES.md, session 14): reference 11.5-11.7 -> 10.9-11.1 us GPU per step, S=65536
+    (NOTES.md, "the lookup table in registers, its loads under the histogram move"): reference 11.5-11.7 -> 10.9-11.1 us GPU per step, S=65536
     16.1-16.5 -> 12.8."""
     lut0 = _row_dots(cen0, q0)
     lut1 = _row_dots(cen1, q1)
@@ -305,7 +305,7 @@ def _gather_select(cnt, s, lo, tot, need, bkt_row, mark_row, sl_row, w_row, s_si
     ascending), orders those by position with a second sort and writes them to
     ``sparse_list[s_sink ..]`` and their weights. With ``need <= TP/2`` the best TP/2 come
     from a bitonic top-k (``tl.topk``) and the position sort is of TP/2 keys: 0.3-0.5 us
-    less per step than two sorts of TP (H100, NOTES.md, session 13)."""
+    less per step than two sorts of TP (H100, NOTES.md, "a top-k of half the gathered keys")."""
     selc = tl.where((s >= lo) & (cnt > 0), cnt, 0)
     t, valid, jj, sc = _gather_slots(selc, tot, s, bkt_row, mark_row, CAPC, NC, TP)
     # (score descending, position ascending) as one i64: the negated score's bits made
@@ -494,13 +494,13 @@ def _args(t):
 
 # Built for M <= 2 (MP=2) and query dtype = weight dtype only (each variant is ~0.45 MB of
 # PTX + cubin); the indexer takes pq_hist / split elsewhere. One variant per arch:
-# measured on the H100 (NOTES.md, session 11, JIT harness) TILE 4096 w8 (no spills, 220
+# measured on the H100 (NOTES.md, "the indexed histogram path (`pq_wfill` + `pq_index`)", JIT harness) TILE 4096 w8 (no spills, 220
 # registers, so a pq_wfill CTA fits beside it) against w16 / TILE 2048. sm_80 has no
 # programmatic dependent launch: there PDL=0, each row CTA writes its own weights first
 # and the runtime launches no pq_wfill.
 #: registers per thread at most: a pq_index CTA (8 warps) and a pq_wfill CTA (4 warps x
 #: 56 registers) share an SM's 65536 only at <= 224 (unbounded, the build chose 246 and
-#: the large workload's step went from 46-47 to 51-52 us: NOTES.md, session 12)
+#: the large workload's step went from 46-47 to 51-52 us: NOTES.md, "`pq_index` selects by cuts and sorts")
 INDEX_MAXNREG = 224
 KERNELS = []
 for _t in DTYPES:

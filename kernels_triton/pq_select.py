@@ -436,8 +436,11 @@ def pq_quantize_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_
 
 
 @triton.jit
-def pq_codes_import_kernel(src_ptr, dst_ptr, N, H_kv, M, cap, BLOCK: tl.constexpr):
-    """dst u8 [B, H_kv, M, cap][b, g, m, j] = src i64 [B, N, H_kv, M][b, j, g, m] for j < N.
+def pq_codes_import_kernel(src_ptr, dst_ptr, bad_ptr, N, H_kv, M, K, cap, BLOCK: tl.constexpr):
+    """dst u8 [B, H_kv, M, cap][b, g, m, j] = src i64 [B, N, H_kv, M][b, j, g, m] for j < N;
+    a code outside ``0..K`` is counted in ``bad_ptr`` (i32, added to: the host zeroes it
+    and refuses the import when it is not 0 after) and stored as ``code & (K - 1)``, so
+    no later kernel indexes past its tables whatever the input.
     Grid: (cdiv(N, BLOCK), B*H_kv*M)."""
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     row = tl.program_id(1).to(tl.int64)
@@ -447,7 +450,10 @@ def pq_codes_import_kernel(src_ptr, dst_ptr, N, H_kv, M, cap, BLOCK: tl.constexp
     g = bg % H_kv
     mask = j < N
     v = tl.load(src_ptr + ((b * N + j) * H_kv + g) * M + m, mask=mask, other=0)
-    tl.store(dst_ptr + row * cap + j, v.to(tl.uint8), mask=mask)
+    nbad = tl.sum((mask & ((v < 0) | (v >= K))).to(tl.int32), axis=0)
+    if nbad > 0:
+        tl.atomic_add(bad_ptr, nbad, sem="relaxed")
+    tl.store(dst_ptr + row * cap + j, (v & (K - 1)).to(tl.uint8), mask=mask)
 
 
 @triton.jit
@@ -525,10 +531,13 @@ for _qt in DTYPES:
                      i32("K"), i32("d_s"), i32("pos0"), i32("t0"), i32("cap", div16=True), i32("metric_ip")),
                fixed={"BLOCK_C": 64, "BLOCK_DS": 32},
                variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
-for _name, _fn, _src, _dst in (("pq_codes_import", pq_codes_import_kernel, "i64", "u8"),
-                               ("pq_codes_export", pq_codes_export_kernel, "u8", "i64")):
-    KERNELS.append(
-        Kernel(name=_name, fn=_fn,
-               args=(ptr("src_ptr", _src), ptr("dst_ptr", _dst), i32("N"), i32("H_kv"), i32("M"),
-                     i32("cap", div16=True)),
-               variants={80: single({"BLOCK": 1024}, 4, 1), 90: single({"BLOCK": 1024}, 4, 1)}))
+KERNELS.append(
+    Kernel(name="pq_codes_import", fn=pq_codes_import_kernel,
+           args=(ptr("src_ptr", "i64"), ptr("dst_ptr", "u8"), ptr("bad_ptr", "i32"), i32("N"), i32("H_kv"),
+                 i32("M"), i32("K"), i32("cap", div16=True)),
+           variants={80: single({"BLOCK": 1024}, 4, 1), 90: single({"BLOCK": 1024}, 4, 1)}))
+KERNELS.append(
+    Kernel(name="pq_codes_export", fn=pq_codes_export_kernel,
+           args=(ptr("src_ptr", "u8"), ptr("dst_ptr", "i64"), i32("N"), i32("H_kv"), i32("M"),
+                 i32("cap", div16=True)),
+           variants={80: single({"BLOCK": 1024}, 4, 1), 90: single({"BLOCK": 1024}, 4, 1)}))

@@ -259,7 +259,7 @@ def _emit_args(wt):
 
 
 def _emit_variants(wt):
-    # measured on the H100 (NOTES.md, session 5, JIT harness, GPU us of pq_thresh +
+    # measured on the H100 (NOTES.md, "the histogram path split in two launches (`pq_thresh` + `pq_emit`)", JIT harness, GPU us of pq_thresh +
     # pq_emit): TILE 4096 w4 reference 24.0 / large 83.3; w8 23.0 / 88.8; TILE 2048 w4
     # 24.2 / 86.3; TILE 1024 slower (108 us large). TILE 8192 spills with 4 warps.
     d = {"TILE": 4096}

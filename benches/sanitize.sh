@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# compute-sanitizer over every kernel path of the decode step, on a GPU machine:
+# memcheck, racecheck, synccheck and initcheck x each select path (pq_select, pq_hist,
+# split, pq_index with pq_wfill, pq_index with companion fill) x shapes (a small one with
+# GQA and the reference shape), plus bulk quantization (many new keys: pq_quantize) and
+# the short path. Each `tritonrt run` steps twice (plain launches, then graph capture and
+# replay) and checks its answer against the CPU reference.
+#
+#   [SANITIZE_TOOLS="memcheck racecheck"] benches/sanitize.sh [TRITONRT_BINARY] [OUT_DIR]
+#
+# Prints one row per (tool, case): the run's check verdict and the sanitizer's summary;
+# exits 1 when any run failed its check or any tool reported an error. Logs in OUT_DIR.
+set -u
+BIN="${1:-target/release/tritonrt}"
+OUT="${2:-sanitize_out}"
+mkdir -p "$OUT"
+CS="${COMPUTE_SANITIZER:-compute-sanitizer}"
+command -v "$CS" >/dev/null || { echo "error: $CS not found (CUDA toolkit)" >&2; exit 2; }
+
+small="--seq-len 6000 --heads 8 --kv-heads 2 --steps 2"
+ref="--seq-len 32000 --heads 32 --kv-heads 32 --steps 2"
+cases=()
+for p in chunked hist split index-wfill index-companion; do
+  cases+=("$p small|$small --select-path $p")
+  cases+=("$p reference|$ref --select-path $p")
+done
+cases+=("bulk quantize (1000 new keys)|--seq-len 6000 --heads 8 --kv-heads 2 --steps 2 --n-cached 4700")
+cases+=("short path|--seq-len 300 --heads 8 --kv-heads 2 --steps 2")
+cases+=("bf16 GQA small|$small --dtype bf16 --weight-dtype bf16")
+
+fail=0
+printf '%-10s %-34s %-8s %s\n' tool case check summary
+for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+  extra=""
+  [ "$tool" = racecheck ] && extra="--racecheck-report all"
+  for c in "${cases[@]}"; do
+    name="${c%%|*}"
+    args="${c#*|}"
+    log="$OUT/${tool}_$(echo "$name" | tr -c 'a-zA-Z0-9' '_').log"
+    # shellcheck disable=SC2086
+    timeout 900 "$CS" --tool "$tool" $extra --error-exitcode 99 "$BIN" run $args >"$log" 2>&1
+    rc=$?
+    verdict=$(grep -m1 -oE 'check: +(PASSED|FAILED)' "$log" | awk '{print $2}')
+    summary=$(grep -m1 -E '(ERROR|RACECHECK) SUMMARY' "$log" | sed 's/^========= //')
+    [ -z "$verdict" ] && verdict="none"
+    if [ "$rc" != 0 ] || [ "$verdict" != PASSED ]; then fail=1; fi
+    printf '%-10s %-34s %-8s %s (rc %s)\n' "$tool" "$name" "$verdict" "$summary" "$rc"
+  done
+done
+exit $fail
