@@ -6,7 +6,7 @@
 //! - runtime: [`runtime`] (variants by id: store -> cubin cache -> loaded kernel),
 //!   [`tune`] (generic tuner and its table), [`jit`] (PTX -> cubin cache), [`artifact`]
 //!   (manifest, verified store, Triton-cache import), [`abi`] (Triton 3.6 launch ABI,
-//!   pure), [`driver`] (every `unsafe`: device and context, own or borrowed, modules,
+//!   pure), [`driver`] (all driver calls: device and context, own or borrowed, modules,
 //!   launches, graphs, device buffers), [`error`] (one error enum).
 //!
 //! Data flow: `kernels_triton/*.py` --(AOT build)--> `ptx_cache/` (manifest +

@@ -45,6 +45,21 @@ impl Runtime {
         })
     }
 
+    /// A runtime for `device` (its own context, or an engine's through
+    /// [`Device::from_context`]) over the ptx_cache directory `ptx_cache` (verified
+    /// manifest), JIT-caching into the user cubin cache (`$TRITONRT_CACHE_DIR`, else
+    /// `~/.cache/tritonrt`).
+    ///
+    /// Errors: the manifest cannot be read or fails validation; the cache directory
+    /// cannot be created.
+    pub fn open(
+        device: Arc<Device>,
+        ptx_cache: impl AsRef<std::path::Path>,
+    ) -> Result<Arc<Runtime>> {
+        let store = ArtifactStore::open(ptx_cache)?;
+        Ok(Runtime::new(device, store, CubinCache::from_env()?))
+    }
+
     /// The device.
     pub fn device(&self) -> &Arc<Device> {
         &self.device

@@ -1469,3 +1469,48 @@ fn spec_workloads_generate_step_and_check() {
         }
     }
 }
+
+/// A file input with a NaN or an infinity is refused, naming the tensor and the first
+/// flat index; `--allow-nonfinite` runs it, and the CPU reference ranks a NaN score
+/// last (below every finite score).
+#[test]
+fn cli_refuses_nonfinite_inputs_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = PqConfig::reference_workload();
+    let shape = Shape {
+        b: 1,
+        h: 4,
+        h_kv: 2,
+        s: 700,
+        d: 16,
+    };
+    for (tensor, flat, v) in [("query", 5usize, f32::NAN), ("key", 1234, f32::INFINITY)] {
+        let mut x = PqInputs::random(&c, shape, 500, 9).unwrap();
+        match tensor {
+            "query" => x.query[flat] = v,
+            _ => x.key[flat] = v,
+        }
+        assert_eq!(
+            x.first_nonfinite().map(|(t, i, _)| (t, i)),
+            Some((tensor, flat))
+        );
+        let path = dir.path().join(format!("{tensor}.safetensors"));
+        write_inputs(&path, &c, &x).unwrap();
+        let p = path.to_str().unwrap();
+        let (code, _, err) = tritonrt(&["run", "--backend", "cpu", "--input", p]);
+        assert_ne!(code, 0, "non-finite {tensor} accepted");
+        assert!(
+            err.contains(&format!("tensor {tensor}"))
+                && err.contains(&format!("flat index {flat}")),
+            "{err}"
+        );
+        let (code, out, err) =
+            tritonrt(&["run", "--backend", "cpu", "--input", p, "--allow-nonfinite"]);
+        assert_eq!(code, 0, "--allow-nonfinite: {out}{err}");
+    }
+    // NaN ranks below every finite score (and -inf); among NaNs the lowest index wins
+    let scores = [1.0, f64::NAN, f64::NEG_INFINITY, 3.0, f64::NAN, -2.0];
+    let mut top = tritonrt::pq::reference::top_k(&scores, 5);
+    top.sort_unstable();
+    assert_eq!(top, vec![0, 1, 2, 3, 5]);
+}

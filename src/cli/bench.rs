@@ -65,6 +65,12 @@ pub struct BenchArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0, env = "TRITONRT_DEVICE")]
     pub device: usize,
+    /// Soak test instead of timing: N decode steps in a row from one captured graph (S
+    /// grows by one key per step from 4097, B=1 H=8 H_kv=2), reporting device memory
+    /// after the first 100 steps and at the end, any error, and the last step checked
+    /// against the CPU reference. Fails if device memory grew.
+    #[arg(long, value_name = "N")]
+    pub soak: Option<usize>,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -133,6 +139,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             Err(why) => anyhow::bail!("tritonrt bench needs a CUDA GPU: {why}"),
         };
     let cfg = PqConfig::reference_workload();
+    if let Some(n) = a.soak {
+        return soak(&rt, &cfg, n);
+    }
     let base: Shape = a.workload.shape();
     let seq_lens: Vec<usize> = if a.sweep {
         vec![4096, 8192, 16384, 32768, 65536, 131072]
@@ -231,4 +240,86 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
         say!("results written to {}", path.display());
     }
     Ok(super::EXIT_OK)
+}
+
+/// `tritonrt bench --soak N`: a decode loop of `n` graph-replayed steps on one indexer.
+fn soak(
+    rt: &std::sync::Arc<tritonrt::runtime::Runtime>,
+    cfg: &PqConfig,
+    n: usize,
+) -> anyhow::Result<i32> {
+    use gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+    anyhow::ensure!(n >= 1, "--soak needs at least one step");
+    let s0 = 4096;
+    let shape = Shape {
+        b: 1,
+        h: 8,
+        h_kv: 2,
+        s: s0 + n,
+        d: 128,
+    };
+    let n0 = cfg.n_quantized(s0) - 1;
+    let inputs = PqInputs::random(cfg, shape, n0, 1).context("generating inputs")?;
+    let stream = rt.device().new_stream()?;
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        *cfg,
+        shape,
+        &inputs.centroids,
+        None,
+        None,
+    )?;
+    ix.import_codes(&inputs.codes, n0)?;
+    // every key the loop will quantize, uploaded once (DeviceInputs uploads from N_cached on)
+    let dev = DeviceInputs::upload(&stream, &inputs, cfg)?;
+    ix.prepare(shape.s)?;
+    let bar = indicatif::ProgressBar::new(n as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}") {
+        bar.set_style(style);
+    }
+    let t0 = std::time::Instant::now();
+    let (mut captures, mut warm_free) = (0usize, None);
+    for (i, s) in (s0 + 1..=s0 + n).enumerate() {
+        let info = ix
+            .step(dev.query(), dev.key(), s, LaunchMode::Graph)
+            .with_context(|| format!("step {i} (S={s})"))?;
+        captures += usize::from(info.captured);
+        if i == 99.min(n - 1) {
+            ix.synchronize()?;
+            warm_free = Some(rt.device().mem_info()?.0);
+        }
+        if i % 1000 == 999 {
+            ix.synchronize()
+                .with_context(|| format!("steps up to {i} (S={s})"))?;
+            bar.set_position(i as u64 + 1);
+        }
+    }
+    ix.synchronize().context("the last steps")?;
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let end_free = rt.device().mem_info()?.0;
+    let out = ix.download()?;
+    let report = tritonrt::pq::check(cfg, &inputs, &out);
+    let start_free = warm_free.unwrap_or(end_free);
+    let grew = start_free.saturating_sub(end_free);
+    say!(
+        "soak:    {n} decode steps, S = {}..={} (B=1, H=8, H_kv=2), graph captured {captures} time(s), {:.1} us per step (wall, steps queued back to back)",
+        s0 + 1,
+        s0 + n,
+        secs * 1e6 / n as f64
+    );
+    say!(
+        "memory:  device free {:.1} MiB after 100 steps, {:.1} MiB at the end: {} ({} bytes)",
+        start_free as f64 / 1048576.0,
+        end_free as f64 / 1048576.0,
+        if grew == 0 { "no growth" } else { "GREW" },
+        grew
+    );
+    say!("check:   last step {report}");
+    Ok(if grew == 0 && report.passed() {
+        super::EXIT_OK
+    } else {
+        super::EXIT_CHECK_FAILED
+    })
 }

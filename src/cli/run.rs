@@ -97,6 +97,10 @@ pub struct RunArgs {
     #[arg(short = 'i', long, help_heading = "Inputs",
           conflicts_with_all = ["batch", "heads", "kv_heads", "seq_len", "head_dim", "n_cached"])]
     pub input: Option<PathBuf>,
+    /// Run an `--input` file whose query, keys, centroids or phi hold NaN or infinity
+    /// (refused by default, naming the tensor and the first flat index).
+    #[arg(long, help_heading = "Inputs", requires = "input")]
+    pub allow_nonfinite: bool,
     /// Also write the (generated or read) inputs to this safetensors file, in the
     /// --input format (e.g. for kernels_triton/reference.py).
     #[arg(long, help_heading = "Output")]
@@ -305,6 +309,13 @@ fn build_inputs(a: &RunArgs) -> anyhow::Result<(PqConfig, PqInputs, String)> {
         let t = Instant::now();
         let (cfg, inputs) = pq::io::read_inputs(path, &over)
             .with_context(|| format!("reading the inputs from {}", path.display()))?;
+        if let (Some((tensor, index, v)), false) = (inputs.first_nonfinite(), a.allow_nonfinite) {
+            anyhow::bail!(
+                "{}: tensor {tensor} holds {v} at flat index {index}: non-finite inputs are refused \
+                 (--allow-nonfinite runs them anyway)",
+                path.display()
+            );
+        }
         let how = format!(
             "read from {} in {:.0} ms",
             path.display(),

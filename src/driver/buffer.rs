@@ -10,8 +10,9 @@ pub use crate::abi::DeviceBuf;
 use crate::artifact::Dtype;
 
 /// A host type whose values a kernel reads as Triton dtype [`DeviceDtype::DTYPE`] (same
-/// size and bit layout).
-pub trait DeviceDtype: DeviceRepr {
+/// size and bit layout): the element type of a `CudaSlice<T>` / `CudaView<T>` a kernel
+/// argument is made from.
+pub trait DeviceDtype {
     /// The Triton element dtype.
     const DTYPE: Dtype;
 }

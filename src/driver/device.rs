@@ -219,6 +219,15 @@ impl Device {
         self.max_shared_optin
     }
 
+    /// Free and total device memory, bytes (`cuMemGetInfo`): what the whole device has
+    /// left, all processes and contexts included. Errors: [`Error::Driver`].
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))?;
+        cu::mem_get_info().map_err(|e| driver_err("querying device memory", e))
+    }
+
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> u32 {
         self.sm_count

@@ -60,3 +60,4 @@ pub use crate::pq::plan::{
     plan_step, HistFacts, IndexFacts, PlanFacts, SelectPath, StepInfo, StepKind, StepPlan,
     BULK_QUANTIZE_MIN, COMPANION_FILL_MAX_BYTES,
 };
+pub use crate::pq::state::StepOutputs;

@@ -130,10 +130,10 @@ pub fn open_runtime(
             "no CUDA device {ordinal} (this machine has {count})"
         )));
     }
-    let device = crate::driver::device::Device::new(ordinal)?;
-    let store = crate::artifact::ArtifactStore::open(ptx_cache)?;
-    let cache = crate::jit::CubinCache::from_env()?;
-    Ok(Ok(Runtime::new(device, store, cache)))
+    Ok(Ok(Runtime::open(
+        crate::driver::device::Device::new(ordinal)?,
+        ptx_cache,
+    )?))
 }
 
 /// Wall-clock statistics of repeated steps, in microseconds (host timer around step +

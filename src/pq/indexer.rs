@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use crate::driver::Kernel;
+use crate::driver::{DeviceBuf, Kernel};
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, Metric, PqConfig, Shape};
 use crate::pq::graph::{GraphKey, StepGraph};
@@ -14,7 +14,7 @@ use crate::pq::kernels::Kernels;
 use crate::pq::launch::{issue, ArgOrder, DeviceTensorRef, StepLaunches};
 use crate::pq::plan::{plan_step, PlanFacts, SelectPath, StepInfo, StepPlan};
 use crate::pq::reference::PqOutput;
-use crate::pq::state::DeviceState;
+use crate::pq::state::{DeviceState, StepOutputs};
 use crate::runtime::Runtime;
 
 /// How a step is issued.
@@ -44,8 +44,8 @@ pub struct GpuIndexer {
 impl GpuIndexer {
     /// Set up an indexer for `shape` (`S` is ignored: it comes with each step) and
     /// `cfg`, uploading `centroids` (`f32 [B, H_kv, M, K, d_c]`) and `phi`
-    /// (`f32 [B * H_kv * M]`, metric ip only). `select_variant` picks a tuned variant
-    /// id of the select kernel (else the manifest default for this GPU).
+    /// (`f32 [B * H_kv * M]`, metric ip only) from the host. `select_variant` picks a
+    /// tuned variant id of the select kernel (else the manifest default for this GPU).
     ///
     /// Errors: config/shape validation, a missing kernel variant, heavy_size above the
     /// compiled top-k widths, a centroid or phi length mismatch, driver errors.
@@ -58,46 +58,72 @@ impl GpuIndexer {
         phi: Option<&[f32]>,
         select_variant: Option<&str>,
     ) -> Result<Self> {
-        cfg.validate(&shape)?;
-        if !cfg.k_centroids().is_power_of_two() || cfg.k_centroids() > 256 {
-            return Err(Error::invalid("pq_bits", "K = 2^bits must be at most 256"));
-        }
-        let (m, k, d_c) = (cfg.m(), cfg.k_centroids(), cfg.d_c(shape.d));
-        let want = shape.b * shape.h_kv * m * k * d_c;
-        if centroids.len() != want {
-            return Err(Error::invalid(
-                "pq_centroids",
-                format!(
-                    "expected {want} f32 values [B={}, H_kv={}, M={m}, K={k}, d_c={d_c}], got {}",
-                    shape.b,
-                    shape.h_kv,
-                    centroids.len()
-                ),
-            ));
-        }
-        let n_phi = shape.b * shape.h_kv * m;
-        let phi_host: Vec<f32> = match (cfg.metric, phi) {
-            (Metric::Ip, Some(p)) if p.len() == n_phi => p.to_vec(),
-            (Metric::Ip, Some(p)) => {
-                return Err(Error::invalid(
-                    "pq_ip2l2_phi",
-                    format!(
-                        "expected {n_phi} f32 values [B * H_kv * M], got {}",
-                        p.len()
-                    ),
-                ))
-            }
-            (Metric::Ip, None) => {
-                return Err(Error::invalid(
-                    "pq_ip2l2_phi",
-                    "metric ip needs phi [B * H_kv * M]",
-                ))
-            }
-            (Metric::Euclidean, _) => vec![0.0],
+        check_codebook(&cfg, &shape, centroids.len(), phi.map(|p| p.len()))?;
+        let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
+        let cent = stream
+            .clone_htod(centroids)
+            .map_err(drv("uploading centroids"))?;
+        let phi = stream
+            .clone_htod(phi.unwrap_or(&[0.0]))
+            .map_err(drv("uploading phi"))?;
+        Self::with_state(rt, stream, cfg, shape, cent, phi, select_variant)
+    }
+
+    /// [`GpuIndexer::new`] with the codebook already on the device (an engine's buffers,
+    /// or a prefill's output): `centroids` `f32 [B, H_kv, M, K, d_c]` and `phi`
+    /// `f32 [B * H_kv * M]` (metric ip only) are copied device to device on `stream`, in
+    /// stream order after the work queued there (no host round trip; the caller may reuse
+    /// its buffers once that copy has run).
+    ///
+    /// Errors: as [`GpuIndexer::new`].
+    pub fn new_on_device<C: DevicePtr<f32>, P: DevicePtr<f32>>(
+        rt: Arc<Runtime>,
+        stream: Arc<CudaStream>,
+        cfg: PqConfig,
+        shape: Shape,
+        centroids: &C,
+        phi: Option<&P>,
+        select_variant: Option<&str>,
+    ) -> Result<Self> {
+        check_codebook(&cfg, &shape, centroids.len(), phi.map(|p| p.len()))?;
+        let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
+        let copy = |src: &dyn Fn(
+            &mut CudaSlice<f32>,
+        )
+            -> std::result::Result<(), cudarc::driver::DriverError>,
+                    len: usize,
+                    what: &'static str|
+         -> Result<CudaSlice<f32>> {
+            let mut dst = stream.alloc_zeros::<f32>(len.max(1)).map_err(drv(what))?;
+            src(&mut dst).map_err(drv(what))?;
+            Ok(dst)
         };
+        let cent = copy(
+            &|d| stream.memcpy_dtod(centroids, d),
+            centroids.len(),
+            "copying centroids",
+        )?;
+        let phi = match phi {
+            Some(p) => copy(&|d| stream.memcpy_dtod(p, d), p.len(), "copying phi")?,
+            None => stream
+                .alloc_zeros::<f32>(1)
+                .map_err(drv("allocating phi"))?,
+        };
+        Self::with_state(rt, stream, cfg, shape, cent, phi, select_variant)
+    }
+
+    fn with_state(
+        rt: Arc<Runtime>,
+        stream: Arc<CudaStream>,
+        cfg: PqConfig,
+        shape: Shape,
+        centroids: CudaSlice<f32>,
+        phi: CudaSlice<f32>,
+        select_variant: Option<&str>,
+    ) -> Result<Self> {
         let kernels = Kernels::load(&rt, &cfg, select_variant)?;
         let facts = kernels.facts(rt.device().sm_count());
-        let state = DeviceState::new(stream, cfg, shape, &kernels, centroids, &phi_host)?;
+        let state = DeviceState::new(stream, cfg, shape, &kernels, centroids, phi)?;
         Ok(GpuIndexer {
             rt,
             kernels,
@@ -187,8 +213,42 @@ impl GpuIndexer {
             ));
         }
         self.graph.clear();
+        let src = self
+            .state
+            .stream
+            .clone_htod(codes)
+            .map_err(|e| crate::driver::device::driver_err("uploading codes", e))?;
+        let buf = DeviceBuf::of(&src, &self.state.stream);
         self.state
-            .import_codes(&self.kernels, &self.arg_order, codes, n)
+            .import_codes(&self.kernels, &self.arg_order, buf, n)
+    }
+
+    /// [`GpuIndexer::import_codes`] from the device: `codes` is the caller's `i64 [B, n,
+    /// H_kv, M]` (upstream layout: an engine's buffer, or a prefill's output), turned
+    /// into the indexer's layout by a kernel on the indexer's stream, with no host copy
+    /// of the codes. Synchronous (it reads back one count: codes outside `0..K` are
+    /// counted on the device and refused).
+    ///
+    /// Errors: a length mismatch; codes outside `0..K` (how many); driver errors.
+    pub fn import_codes_on_device<C: DevicePtr<i64>>(&mut self, codes: &C, n: usize) -> Result<()> {
+        let (cfg, shape) = (&self.state.cfg, &self.state.shape);
+        let want = shape.b * n * shape.h_kv * cfg.m();
+        if codes.len() != want {
+            return Err(Error::invalid(
+                "pq_codebook",
+                format!(
+                    "expected {want} i64 values [B={}, N={n}, H_kv={}, M={}], got {}",
+                    shape.b,
+                    shape.h_kv,
+                    cfg.m(),
+                    codes.len()
+                ),
+            ));
+        }
+        self.graph.clear();
+        let buf = DeviceBuf::of(codes, &self.state.stream);
+        self.state
+            .import_codes(&self.kernels, &self.arg_order, buf, n)
     }
 
     /// The code state in the upstream layout `i64 [B, N_cached, H_kv, M]`. Synchronous.
@@ -246,6 +306,63 @@ impl GpuIndexer {
         self.state.n_cached = plan.n;
         self.last = Some(info);
         Ok(info)
+    }
+
+    /// [`GpuIndexer::step`] writing its outputs into the caller's device buffers
+    /// `outputs` (each a [`DeviceBuf`] of the caller's allocation; an engine's own
+    /// tensors): `sparse_list` `i64 [B, H, total]` (`total = S` on the short path, else
+    /// `sink' + k + window'`), `sparse_len` `i64 [B, H]`, `weight_list` `[B, H, S]` in the
+    /// config's weight dtype. The indexer's own output buffers are not written (and
+    /// [`GpuIndexer::download`] does not see this step's outputs). In graph mode the
+    /// buffers are part of the captured graph: replays write them again, and other
+    /// buffers update the graph in place or capture it anew.
+    ///
+    /// Errors: an output of the wrong dtype or too small (named, with the sizes), as
+    /// [`GpuIndexer::step`] otherwise.
+    pub fn step_into(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        mode: LaunchMode,
+        outputs: StepOutputs,
+    ) -> Result<StepInfo> {
+        let (cfg, shape) = (&self.state.cfg, &self.state.shape);
+        let rows = shape.b * shape.h;
+        let total = if cfg.is_short(s) { s } else { cfg.total(s) };
+        let wdt = cfg.weight_dtype;
+        for (what, buf, dtype, elems) in [
+            (
+                "sparse_list",
+                outputs.sparse_list,
+                crate::artifact::Dtype::I64,
+                rows * total,
+            ),
+            (
+                "sparse_len",
+                outputs.sparse_len,
+                crate::artifact::Dtype::I64,
+                rows,
+            ),
+            ("weight_list", outputs.weight_list, wdt.triton(), rows * s),
+        ] {
+            let need = elems * dtype.size_bytes();
+            if buf.dtype() != dtype || buf.bytes() < need {
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "needs {elems} {} elements ({need} bytes) for B*H = {rows}, S = {s}; got a buffer of {} bytes of {}",
+                        dtype.name(),
+                        buf.bytes(),
+                        buf.dtype().name()
+                    ),
+                ));
+            }
+        }
+        self.state.outputs = Some(outputs);
+        let r = self.step(query, key, s, mode);
+        self.state.outputs = None;
+        r
     }
 
     /// Wait for every step issued so far.
@@ -332,6 +449,43 @@ impl GpuIndexer {
 }
 
 /// Check a caller's device tensor against the config's input dtype.
+/// Check the codebook's lengths: centroids `f32 [B, H_kv, M, K, d_c]`, and phi
+/// `f32 [B * H_kv * M]` for metric ip (ignored otherwise), besides config and shape.
+fn check_codebook(
+    cfg: &PqConfig,
+    shape: &Shape,
+    centroids: usize,
+    phi: Option<usize>,
+) -> Result<()> {
+    cfg.validate(shape)?;
+    if !cfg.k_centroids().is_power_of_two() || cfg.k_centroids() > 256 {
+        return Err(Error::invalid("pq_bits", "K = 2^bits must be at most 256"));
+    }
+    let (m, k, d_c) = (cfg.m(), cfg.k_centroids(), cfg.d_c(shape.d));
+    let want = shape.b * shape.h_kv * m * k * d_c;
+    if centroids != want {
+        return Err(Error::invalid(
+            "pq_centroids",
+            format!(
+                "expected {want} f32 values [B={}, H_kv={}, M={m}, K={k}, d_c={d_c}], got {centroids}",
+                shape.b, shape.h_kv
+            ),
+        ));
+    }
+    let n_phi = shape.b * shape.h_kv * m;
+    match (cfg.metric, phi) {
+        (Metric::Ip, Some(p)) if p != n_phi => Err(Error::invalid(
+            "pq_ip2l2_phi",
+            format!("expected {n_phi} f32 values [B * H_kv * M], got {p}"),
+        )),
+        (Metric::Ip, None) => Err(Error::invalid(
+            "pq_ip2l2_phi",
+            "metric ip needs phi [B * H_kv * M]",
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn check_tensor(cfg: &PqConfig, what: &str, t: &DeviceTensorRef) -> Result<()> {
     if t.dtype() != cfg.input_dtype {
         return Err(Error::invalid(

@@ -194,8 +194,8 @@ impl StepLaunches<'_> {
                 let args = order.args(
                     k,
                     &[
-                        ("sl_ptr", KernelArg::Buf(state.sparse_list.buf(st))),
-                        ("len_ptr", KernelArg::Buf(state.sparse_len.buf(st))),
+                        ("sl_ptr", KernelArg::Buf(state.sparse_list_buf())),
+                        ("len_ptr", KernelArg::Buf(state.sparse_len_buf())),
                         ("w_ptr", KernelArg::Buf(state.weight_buf())),
                         ("S", i32_arg("S", s)?),
                     ],
@@ -411,8 +411,8 @@ impl StepLaunches<'_> {
             ),
             ("phi_ptr", KernelArg::Buf(DeviceBuf::of(&state.phi, st))),
             ("codes_ptr", KernelArg::Buf(state.codes.buf(st))),
-            ("sl_ptr", KernelArg::Buf(state.sparse_list.buf(st))),
-            ("len_ptr", KernelArg::Buf(state.sparse_len.buf(st))),
+            ("sl_ptr", KernelArg::Buf(state.sparse_list_buf())),
+            ("len_ptr", KernelArg::Buf(state.sparse_len_buf())),
             ("w_ptr", KernelArg::Buf(state.weight_buf())),
             ("q_sb", KernelArg::I64(query.strides[0])),
             ("q_sh", KernelArg::I64(query.strides[1])),

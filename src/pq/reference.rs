@@ -303,8 +303,10 @@ pub fn scores(
         .collect()
 }
 
-/// Indices of the `k` largest `scores` (ties towards the lower index), unordered.
-/// Uses a partial selection (`select_nth_unstable_by`), not a full sort.
+/// Indices of the `k` largest `scores` (ties towards the lower index), unordered. A NaN
+/// ranks below every other score, `-inf` included; among NaNs the lowest index wins (the
+/// spec's "Non-finite inputs"). Uses a partial selection (`select_nth_unstable_by`), not a
+/// full sort.
 pub fn top_k(scores: &[f64], k: usize) -> Vec<u32> {
     let mut idx: Vec<u32> = (0..scores.len() as u32).collect();
     if k == 0 {
@@ -312,9 +314,12 @@ pub fn top_k(scores: &[f64], k: usize) -> Vec<u32> {
     }
     if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            scores[b as usize]
-                .total_cmp(&scores[a as usize])
-                .then(a.cmp(&b))
+            let (sa, sb) = (scores[a as usize], scores[b as usize]);
+            match (sa.is_nan(), sb.is_nan()) {
+                (false, false) => sb.total_cmp(&sa),
+                (na, nb) => na.cmp(&nb),
+            }
+            .then(a.cmp(&b))
         });
         idx.truncate(k);
     }

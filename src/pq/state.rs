@@ -7,11 +7,25 @@ use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::abi::KernelArg;
 use crate::driver::{DevBuf, DeviceBuf};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pq::config::{PqConfig, Shape};
 use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS};
 use crate::pq::launch::{i32_arg, ArgOrder};
 use crate::pq::plan::SelectPath;
+
+/// Output buffers a caller provides for a step ([`crate::pq::gpu::GpuIndexer::step_into`]):
+/// `sparse_list` `i64 [B, H, total]`, `sparse_len` `i64 [B, H]`, `weight_list`
+/// `[B, H, S]` in the config's weight dtype, each a [`DeviceBuf`] of the caller's
+/// allocation (sizes and dtypes checked by the step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StepOutputs {
+    /// `i64 [B, H, total]`.
+    pub sparse_list: DeviceBuf,
+    /// `i64 [B, H]`.
+    pub sparse_len: DeviceBuf,
+    /// `[B, H, S]`, weight dtype.
+    pub weight_list: DeviceBuf,
+}
 
 /// Every device buffer of one indexer (all sizes fixed by `B, H, H_kv, D`, the config
 /// and the largest `S` seen), on the indexer's stream.
@@ -69,13 +83,17 @@ pub(crate) struct DeviceState {
     pub count: DevBuf<i32>,
     /// The outputs: `sparse_list i64 [B, H, total]`, `sparse_len i64 [B, H]`,
     /// `weight_list [B, H, S]` (weight dtype, as bytes).
+    /// The caller's output buffers for the step being built (else the indexer's own).
+    pub outputs: Option<StepOutputs>,
+    /// `i32 [1]`: codes outside `0..K` the last import counted.
+    pub bad_codes: DevBuf<i32>,
     pub sparse_list: DevBuf<i64>,
     pub sparse_len: DevBuf<i64>,
     pub weight: DevBuf<u8>,
 }
 
 impl DeviceState {
-    /// Upload `centroids` and `phi` (lengths already checked) and allocate the buffers
+    /// Take `centroids` and `phi` (on the device, lengths already checked) and allocate the buffers
     /// whose size does not depend on `S`, zero-filled: the counters, and the histogram
     /// and indexed paths' counts where their kernels are built.
     ///
@@ -85,17 +103,9 @@ impl DeviceState {
         cfg: PqConfig,
         shape: Shape,
         kernels: &Kernels,
-        centroids: &[f32],
-        phi: &[f32],
+        centroids: CudaSlice<f32>,
+        phi: CudaSlice<f32>,
     ) -> Result<Self> {
-        let drv = |what: &str| {
-            let what = what.to_string();
-            move |e| crate::driver::device::driver_err(what, e)
-        };
-        let centroids = stream
-            .clone_htod(centroids)
-            .map_err(drv("uploading centroids"))?;
-        let phi = stream.clone_htod(phi).map_err(drv("uploading phi"))?;
         let mut me = DeviceState {
             stream,
             cfg,
@@ -123,6 +133,8 @@ impl DeviceState {
             stage: DevBuf::new(),
             cand: DevBuf::new(),
             count: DevBuf::new(),
+            outputs: None,
+            bad_codes: DevBuf::new(),
             sparse_list: DevBuf::new(),
             sparse_len: DevBuf::new(),
             weight: DevBuf::new(),
@@ -131,6 +143,7 @@ impl DeviceState {
         let rows = shape.b * shape.h;
         let st = me.stream.clone();
         me.count.ensure(&st, rows)?;
+        me.bad_codes.ensure(&st, 1)?;
         me.sparse_len.ensure(&st, rows)?;
         if kernels.hist.is_some() {
             // allocated zero-filled: an empty histogram counting no keys
@@ -153,11 +166,32 @@ impl DeviceState {
         Ok(me)
     }
 
-    /// `weight_list`'s buffer as a kernel argument of the weight dtype.
+    /// `weight_list`'s buffer (the caller's, else the indexer's) as a kernel argument of
+    /// the weight dtype.
     pub fn weight_buf(&self) -> DeviceBuf {
-        self.weight
-            .buf(&self.stream)
-            .as_dtype(self.cfg.weight_dtype.triton())
+        match &self.outputs {
+            Some(o) => o.weight_list,
+            None => self
+                .weight
+                .buf(&self.stream)
+                .as_dtype(self.cfg.weight_dtype.triton()),
+        }
+    }
+
+    /// `sparse_list`'s buffer (the caller's, else the indexer's).
+    pub fn sparse_list_buf(&self) -> DeviceBuf {
+        match &self.outputs {
+            Some(o) => o.sparse_list,
+            None => self.sparse_list.buf(&self.stream),
+        }
+    }
+
+    /// `sparse_len`'s buffer (the caller's, else the indexer's).
+    pub fn sparse_len_buf(&self) -> DeviceBuf {
+        match &self.outputs {
+            Some(o) => o.sparse_len,
+            None => self.sparse_len.buf(&self.stream),
+        }
     }
 
     /// Rows of the outputs, `B*H`.
@@ -228,18 +262,19 @@ impl DeviceState {
         };
         let block = constexpr_usize(k, "BLOCK")?;
         let rows = self.shape.b * self.shape.h_kv * self.cfg.m();
-        let args = order.args(
-            k,
-            &[
-                ("src_ptr", KernelArg::Buf(src)),
-                ("dst_ptr", KernelArg::Buf(dst)),
-                ("N", i32_arg("N", n)?),
-                ("H_kv", i32_arg("H_kv", self.shape.h_kv)?),
-                ("M", i32_arg("M", self.cfg.m())?),
-                ("cap", i32_arg("cap", cap)?),
-            ],
-            false,
-        )?;
+        let mut named = vec![
+            ("src_ptr", KernelArg::Buf(src)),
+            ("dst_ptr", KernelArg::Buf(dst)),
+            ("N", i32_arg("N", n)?),
+            ("H_kv", i32_arg("H_kv", self.shape.h_kv)?),
+            ("M", i32_arg("M", self.cfg.m())?),
+            ("cap", i32_arg("cap", cap)?),
+        ];
+        if !export {
+            named.push(("bad_ptr", KernelArg::Buf(self.bad_codes.buf(&self.stream))));
+            named.push(("K", i32_arg("K", self.cfg.k_centroids())?));
+        }
+        let args = order.args(k, &named, false)?;
         let grid = [n.div_ceil(block).max(1) as u32, rows as u32, 1];
         // Bounds: src and dst are this indexer's buffers (or a temp of the same stream)
         // sized for `rows x cap` u8 codes and `B x n x H_kv x M` i64 codes; the kernel
@@ -253,23 +288,36 @@ impl DeviceState {
         &mut self,
         kernels: &Kernels,
         order: &ArgOrder,
-        codes: &[i64],
+        src: DeviceBuf,
         n: usize,
     ) -> Result<()> {
+        let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
         self.n_cached = 0;
         self.reset_hist()?;
         self.grow_codes(kernels, order, n)?;
         if n > 0 {
-            let src = self
-                .stream
-                .clone_htod(codes)
-                .map_err(|e| crate::driver::device::driver_err("uploading codes", e))?;
-            let srcp = DeviceBuf::of(&src, &self.stream);
+            if let Some(bad) = self.bad_codes.slice_mut() {
+                self.stream
+                    .memset_zeros(bad)
+                    .map_err(drv("zeroing the bad-code count"))?;
+            }
             let dst = self.codes.buf(&self.stream);
-            self.launch_codes_copy(kernels, order, false, srcp, dst, n, self.cap)?;
-            self.stream
-                .synchronize()
-                .map_err(|e| crate::driver::device::driver_err("importing codes", e))?;
+            self.launch_codes_copy(kernels, order, false, src, dst, n, self.cap)?;
+            let bad = match self.bad_codes.slice() {
+                Some(b) => self.stream.clone_dtoh(b).map_err(drv("importing codes"))?,
+                None => vec![0],
+            };
+            if bad[0] != 0 {
+                return Err(Error::invalid(
+                    "pq_codebook",
+                    format!(
+                        "{} of the {} codes are outside 0..{} (K = 2^pq_bits)",
+                        bad[0],
+                        self.shape.b * n * self.shape.h_kv * self.cfg.m(),
+                        self.cfg.k_centroids()
+                    ),
+                ));
+            }
         }
         self.n_cached = n;
         Ok(())
@@ -338,9 +386,11 @@ impl DeviceState {
         } else {
             self.cfg.total(s)
         };
-        self.sparse_list.ensure(&st, rows * total)?;
-        self.weight
-            .ensure(&st, rows * s * self.cfg.weight_dtype.size_bytes())?;
+        if self.outputs.is_none() {
+            self.sparse_list.ensure(&st, rows * total)?;
+            self.weight
+                .ensure(&st, rows * s * self.cfg.weight_dtype.size_bytes())?;
+        }
         if !self.cfg.is_short(s) {
             let n = self.cfg.n_quantized(s);
             let ctas = rows * n.div_ceil(kernels.chunk);
@@ -373,6 +423,9 @@ impl DeviceState {
         vec![
             self.codes.ptr(s),
             self.cap as u64,
+            self.sparse_list_buf().addr(),
+            self.sparse_len_buf().addr(),
+            self.weight_buf().addr(),
             self.lut.ptr(s),
             self.stage.ptr(s),
             self.cand.ptr(s),
@@ -391,9 +444,6 @@ impl DeviceState {
             self.capc as u64,
             self.mark.ptr(s),
             self.ready.ptr(s),
-            self.sparse_list.ptr(s),
-            self.sparse_len.ptr(s),
-            self.weight.ptr(s),
         ]
     }
 

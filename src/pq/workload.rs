@@ -72,6 +72,25 @@ pub struct PqInputs {
 }
 
 impl PqInputs {
+    /// The first non-finite value (NaN or infinity) among the float inputs, as (tensor
+    /// name in the upstream files, flat index, value), looking at `query`, `key`,
+    /// `pq_centroids` and `pq_ip2l2_phi` in that order.
+    pub fn first_nonfinite(&self) -> Option<(&'static str, usize, f32)> {
+        let phi: &[f32] = self.phi.as_deref().unwrap_or(&[]);
+        [
+            ("query", &self.query[..]),
+            ("key", &self.key[..]),
+            ("pq_centroids", &self.centroids[..]),
+            ("pq_ip2l2_phi", phi),
+        ]
+        .into_iter()
+        .find_map(|(name, v)| {
+            v.iter()
+                .position(|x| !x.is_finite())
+                .map(|i| (name, i, v[i]))
+        })
+    }
+
     /// The spec's default number of cached codes for a step at length `s`:
     /// `s - 1 - init_offset` (so the step quantizes exactly one new key), 0 if negative.
     pub fn default_n_cached(cfg: &PqConfig, s: usize) -> usize {
