@@ -51,11 +51,17 @@ impl DeviceBuf {
 /// use itself (this crate's contexts run without cudarc's per-use event tracking).
 pub struct DevBuf<T> {
     buf: Option<CudaSlice<T>>,
+    /// The allocation's device address, read once when it was made: later uses take it
+    /// from here, not through cudarc's `device_ptr`, which in a context with event
+    /// tracking on (an engine's) would wait for and record an event on every use (about
+    /// a microsecond each, tens per step). The buffer is used on the stream it was made
+    /// on, so those events would order nothing.
+    addr: u64,
 }
 
 impl<T> Default for DevBuf<T> {
     fn default() -> Self {
-        DevBuf { buf: None }
+        DevBuf::new()
     }
 }
 
@@ -84,7 +90,7 @@ impl From<AllocError> for crate::Error {
 impl<T> DevBuf<T> {
     /// An empty buffer (no allocation).
     pub const fn new() -> Self {
-        DevBuf { buf: None }
+        DevBuf { buf: None, addr: 0 }
     }
 
     /// Elements allocated (0 when empty).
@@ -108,27 +114,22 @@ impl<T> DevBuf<T> {
     }
 
     /// The device address of the allocation (0 when empty).
-    pub fn ptr(&self, stream: &CudaStream) -> u64 {
-        match &self.buf {
-            Some(b) => b.device_ptr(stream).0,
-            None => 0,
-        }
+    pub fn ptr(&self) -> u64 {
+        self.addr
     }
 
     /// Drop the allocation (freed in the order of the stream it was made on). The caller
     /// makes sure no queued work of another stream still uses it.
     pub fn release(&mut self) {
         self.buf = None;
+        self.addr = 0;
     }
 }
 
 impl<T: DeviceDtype> DevBuf<T> {
     /// The allocation as a kernel argument (address 0, 0 bytes when empty).
-    pub fn buf(&self, stream: &CudaStream) -> DeviceBuf {
-        match &self.buf {
-            Some(b) => DeviceBuf::of(b, stream),
-            None => DeviceBuf::from_parts(0, 0, T::DTYPE),
-        }
+    pub fn buf(&self) -> DeviceBuf {
+        DeviceBuf::from_parts(self.addr, self.len() * std::mem::size_of::<T>(), T::DTYPE)
     }
 }
 
@@ -149,10 +150,12 @@ impl<T: DeviceRepr + ValidAsZeroBits> DevBuf<T> {
             return Ok(false);
         }
         let new_len = len.max(1).max(have * 2);
-        self.buf = Some(stream.alloc_zeros::<T>(new_len).map_err(|e| AllocError {
+        let b = stream.alloc_zeros::<T>(new_len).map_err(|e| AllocError {
             elements: new_len,
             source: e,
-        })?);
+        })?;
+        self.addr = b.device_ptr(stream).0;
+        self.buf = Some(b);
         Ok(true)
     }
 }

@@ -504,7 +504,7 @@ fn grow(
     }
     let align = (align.max(1) as u64).max(1);
     let aligned = |b: &DevBuf<u8>| {
-        let base = b.ptr(stream);
+        let base = b.ptr();
         (base.div_ceil(align) * align, base + b.len() as u64)
     };
     if !buf.is_empty() {

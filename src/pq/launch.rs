@@ -184,7 +184,6 @@ impl StepLaunches<'_> {
         key: &DeviceTensorRef,
     ) -> Result<Vec<Launch>> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
-        let st = &state.stream;
         let rows = state.rows();
         let (s, n_old, n) = (plan.s, plan.n_old, plan.n);
         match plan.kind {
@@ -219,9 +218,9 @@ impl StepLaunches<'_> {
                 let mut named =
                     self.hist_args(query, key, s, n_old, &state.ihist, &state.ihistn)?;
                 named.extend([
-                    ("bkt_ptr", KernelArg::Buf(state.bkt.buf(st))),
-                    ("mark_ptr", KernelArg::Buf(state.mark.buf(st))),
-                    ("ready_ptr", KernelArg::Buf(state.ready.buf(st))),
+                    ("bkt_ptr", KernelArg::Buf(state.bkt.buf())),
+                    ("mark_ptr", KernelArg::Buf(state.mark.buf())),
+                    ("ready_ptr", KernelArg::Buf(state.ready.buf())),
                     ("CAPC", i32_arg("bucket capacity", state.capc)?),
                     ("rows", i32_arg("rows", rows)?),
                     ("fill", KernelArg::I32(i32::from(companion))),
@@ -279,10 +278,10 @@ impl StepLaunches<'_> {
                 let sp = ks.split.as_ref().ok_or_else(|| not_built("pq_thresh"))?;
                 let mut named = self.hist_args(query, key, s, n_old, &state.hist, &state.histn)?;
                 named.extend([
-                    ("bnd_ptr", KernelArg::Buf(state.split_bnd.buf(st))),
-                    ("need_ptr", KernelArg::Buf(state.split_need.buf(st))),
-                    ("flag_ptr", KernelArg::Buf(state.split_flag.buf(st))),
-                    ("ctr_ptr", KernelArg::Buf(state.split_ctr.buf(st))),
+                    ("bnd_ptr", KernelArg::Buf(state.split_bnd.buf())),
+                    ("need_ptr", KernelArg::Buf(state.split_need.buf())),
+                    ("flag_ptr", KernelArg::Buf(state.split_flag.buf())),
+                    ("ctr_ptr", KernelArg::Buf(state.split_ctr.buf())),
                     ("NP", i32_arg("parts per row", parts)?),
                 ]);
                 // one list for both kernels: each takes the names its signature lists
@@ -325,7 +324,7 @@ impl StepLaunches<'_> {
         bulk_quantize: bool,
     ) -> Result<Vec<Launch>> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
-        let (st, cfg) = (&state.stream, &state.cfg);
+        let cfg = &state.cfg;
         let (h_kv, d) = (state.shape.h_kv, state.shape.d);
         let (m, kc) = (cfg.m(), cfg.k_centroids());
         let d_s = cfg.d_sub(d);
@@ -338,12 +337,9 @@ impl StepLaunches<'_> {
                 k,
                 &[
                     ("k_ptr", KernelArg::Buf(key.buf)),
-                    (
-                        "cent_ptr",
-                        KernelArg::Buf(DeviceBuf::of(&state.centroids, st)),
-                    ),
-                    ("phi_ptr", KernelArg::Buf(DeviceBuf::of(&state.phi, st))),
-                    ("codes_ptr", KernelArg::Buf(state.codes.buf(st))),
+                    ("cent_ptr", KernelArg::Buf(state.centroids_buf)),
+                    ("phi_ptr", KernelArg::Buf(state.phi_buf)),
+                    ("codes_ptr", KernelArg::Buf(state.codes.buf())),
                     ("k_sb", KernelArg::I64(key.strides[0])),
                     ("k_sh", KernelArg::I64(key.strides[1])),
                     ("k_ss", KernelArg::I64(key.strides[2])),
@@ -372,10 +368,10 @@ impl StepLaunches<'_> {
         let n_chunks = n.div_ceil(ks.chunk);
         let mut named = self.select_args(query, key, s, n_old_sel)?;
         named.extend([
-            ("lut_ptr", KernelArg::Buf(state.lut.buf(st))),
-            ("stage_ptr", KernelArg::Buf(state.stage.buf(st))),
-            ("cand_ptr", KernelArg::Buf(state.cand.buf(st))),
-            ("count_ptr", KernelArg::Buf(state.count.buf(st))),
+            ("lut_ptr", KernelArg::Buf(state.lut.buf())),
+            ("stage_ptr", KernelArg::Buf(state.stage.buf())),
+            ("cand_ptr", KernelArg::Buf(state.cand.buf())),
+            ("count_ptr", KernelArg::Buf(state.count.buf())),
         ]);
         let args = order.args(k, &named, false)?;
         // Bounds: ensure_buffers sized lut/stage/cand for rows x n_chunks CTAs, codes for
@@ -401,16 +397,13 @@ impl StepLaunches<'_> {
         n_old: usize,
     ) -> Result<Vec<(&'static str, KernelArg)>> {
         let state = self.state;
-        let (st, cfg) = (&state.stream, &state.cfg);
+        let cfg = &state.cfg;
         Ok(vec![
             ("q_ptr", KernelArg::Buf(query.buf)),
             ("k_ptr", KernelArg::Buf(key.buf)),
-            (
-                "cent_ptr",
-                KernelArg::Buf(DeviceBuf::of(&state.centroids, st)),
-            ),
-            ("phi_ptr", KernelArg::Buf(DeviceBuf::of(&state.phi, st))),
-            ("codes_ptr", KernelArg::Buf(state.codes.buf(st))),
+            ("cent_ptr", KernelArg::Buf(state.centroids_buf)),
+            ("phi_ptr", KernelArg::Buf(state.phi_buf)),
+            ("codes_ptr", KernelArg::Buf(state.codes.buf())),
             ("sl_ptr", KernelArg::Buf(state.sparse_list_buf())),
             ("len_ptr", KernelArg::Buf(state.sparse_len_buf())),
             ("w_ptr", KernelArg::Buf(state.weight_buf())),
@@ -451,13 +444,12 @@ impl StepLaunches<'_> {
         histn: &DevBuf<i32>,
     ) -> Result<Vec<(&'static str, KernelArg)>> {
         let state = self.state;
-        let st = &state.stream;
         let mut named = self.select_args(query, key, s, n_old)?;
         named.extend([
-            ("hist_ptr", KernelArg::Buf(hist.buf(st))),
-            ("histn_ptr", KernelArg::Buf(histn.buf(st))),
-            ("lvl_ptr", KernelArg::Buf(state.hist_lvl.buf(st))),
-            ("lut_ptr", KernelArg::Buf(state.hist_lut.buf(st))),
+            ("hist_ptr", KernelArg::Buf(hist.buf())),
+            ("histn_ptr", KernelArg::Buf(histn.buf())),
+            ("lvl_ptr", KernelArg::Buf(state.hist_lvl.buf())),
+            ("lut_ptr", KernelArg::Buf(state.hist_lut.buf())),
             ("bits", i32_arg("pq_bits", state.cfg.pq_bits as usize)?),
         ]);
         Ok(named)

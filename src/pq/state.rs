@@ -33,10 +33,14 @@ pub(crate) struct DeviceState {
     pub stream: Arc<CudaStream>,
     pub cfg: PqConfig,
     pub shape: Shape,
-    /// `f32 [B, H_kv, M, K, d_c]`.
-    pub centroids: CudaSlice<f32>,
-    /// `f32 [B * H_kv * M]` (metric ip; one 0.0 otherwise).
-    pub phi: CudaSlice<f32>,
+    /// Owns the centroids `f32 [B, H_kv, M, K, d_c]` that `centroids_buf` points into.
+    _centroids: CudaSlice<f32>,
+    /// Owns phi `f32 [B * H_kv * M]` (metric ip; one 0.0 otherwise), `phi_buf`'s memory.
+    _phi: CudaSlice<f32>,
+    /// The centroids as a kernel argument (the address read once: see [`DevBuf`]).
+    pub centroids_buf: DeviceBuf,
+    /// phi as a kernel argument.
+    pub phi_buf: DeviceBuf,
     /// `u8 [B, H_kv, M, cap]`: one byte per (key, subvector).
     pub codes: DevBuf<u8>,
     /// Code capacity per (batch, KV head, subvector), in keys: grows x2, multiple of 16.
@@ -106,12 +110,16 @@ impl DeviceState {
         centroids: CudaSlice<f32>,
         phi: CudaSlice<f32>,
     ) -> Result<Self> {
+        let centroids_buf = DeviceBuf::of(&centroids, &stream);
+        let phi_buf = DeviceBuf::of(&phi, &stream);
         let mut me = DeviceState {
+            centroids_buf,
+            phi_buf,
             stream,
             cfg,
             shape,
-            centroids,
-            phi,
+            _centroids: centroids,
+            _phi: phi,
             codes: DevBuf::new(),
             cap: 0,
             n_cached: 0,
@@ -171,10 +179,7 @@ impl DeviceState {
     pub fn weight_buf(&self) -> DeviceBuf {
         match &self.outputs {
             Some(o) => o.weight_list,
-            None => self
-                .weight
-                .buf(&self.stream)
-                .as_dtype(self.cfg.weight_dtype.triton()),
+            None => self.weight.buf().as_dtype(self.cfg.weight_dtype.triton()),
         }
     }
 
@@ -182,7 +187,7 @@ impl DeviceState {
     pub fn sparse_list_buf(&self) -> DeviceBuf {
         match &self.outputs {
             Some(o) => o.sparse_list,
-            None => self.sparse_list.buf(&self.stream),
+            None => self.sparse_list.buf(),
         }
     }
 
@@ -190,7 +195,7 @@ impl DeviceState {
     pub fn sparse_len_buf(&self) -> DeviceBuf {
         match &self.outputs {
             Some(o) => o.sparse_len,
-            None => self.sparse_len.buf(&self.stream),
+            None => self.sparse_len.buf(),
         }
     }
 
@@ -215,25 +220,9 @@ impl DeviceState {
             let mut tmp: DevBuf<i64> = DevBuf::new();
             let nc = self.n_cached;
             tmp.ensure(&self.stream, b * nc * h_kv * m)?;
-            let src = self.codes.buf(&self.stream);
-            self.launch_codes_copy(
-                kernels,
-                order,
-                true,
-                src,
-                tmp.buf(&self.stream),
-                nc,
-                self.cap,
-            )?;
-            self.launch_codes_copy(
-                kernels,
-                order,
-                false,
-                tmp.buf(&self.stream),
-                next.buf(&self.stream),
-                nc,
-                new_cap,
-            )?;
+            let src = self.codes.buf();
+            self.launch_codes_copy(kernels, order, true, src, tmp.buf(), nc, self.cap)?;
+            self.launch_codes_copy(kernels, order, false, tmp.buf(), next.buf(), nc, new_cap)?;
             self.stream
                 .synchronize()
                 .map_err(|e| crate::driver::device::driver_err("growing the code state", e))?;
@@ -271,7 +260,7 @@ impl DeviceState {
             ("cap", i32_arg("cap", cap)?),
         ];
         if !export {
-            named.push(("bad_ptr", KernelArg::Buf(self.bad_codes.buf(&self.stream))));
+            named.push(("bad_ptr", KernelArg::Buf(self.bad_codes.buf())));
             named.push(("K", i32_arg("K", self.cfg.k_centroids())?));
         }
         let args = order.args(k, &named, false)?;
@@ -301,7 +290,7 @@ impl DeviceState {
                     .memset_zeros(bad)
                     .map_err(drv("zeroing the bad-code count"))?;
             }
-            let dst = self.codes.buf(&self.stream);
+            let dst = self.codes.buf();
             self.launch_codes_copy(kernels, order, false, src, dst, n, self.cap)?;
             let bad = match self.bad_codes.slice() {
                 Some(b) => self.stream.clone_dtoh(b).map_err(drv("importing codes"))?,
@@ -335,8 +324,8 @@ impl DeviceState {
             kernels,
             order,
             true,
-            self.codes.buf(&self.stream),
-            tmp.buf(&self.stream),
+            self.codes.buf(),
+            tmp.buf(),
             n,
             self.cap,
         )?;
@@ -419,41 +408,39 @@ impl DeviceState {
 
     /// Every buffer address and capacity a captured step depends on.
     pub fn buffer_ptrs(&self) -> Vec<u64> {
-        let s = &self.stream;
         vec![
-            self.codes.ptr(s),
+            self.codes.ptr(),
             self.cap as u64,
             self.sparse_list_buf().addr(),
             self.sparse_len_buf().addr(),
             self.weight_buf().addr(),
-            self.lut.ptr(s),
-            self.stage.ptr(s),
-            self.cand.ptr(s),
-            self.count.ptr(s),
-            self.hist.ptr(s),
-            self.histn.ptr(s),
-            self.hist_lvl.ptr(s),
-            self.hist_lut.ptr(s),
-            self.split_bnd.ptr(s),
-            self.split_need.ptr(s),
-            self.split_flag.ptr(s),
-            self.split_ctr.ptr(s),
-            self.ihist.ptr(s),
-            self.ihistn.ptr(s),
-            self.bkt.ptr(s),
+            self.lut.ptr(),
+            self.stage.ptr(),
+            self.cand.ptr(),
+            self.count.ptr(),
+            self.hist.ptr(),
+            self.histn.ptr(),
+            self.hist_lvl.ptr(),
+            self.hist_lut.ptr(),
+            self.split_bnd.ptr(),
+            self.split_need.ptr(),
+            self.split_flag.ptr(),
+            self.split_ctr.ptr(),
+            self.ihist.ptr(),
+            self.ihistn.ptr(),
+            self.bkt.ptr(),
             self.capc as u64,
-            self.mark.ptr(s),
-            self.ready.ptr(s),
+            self.mark.ptr(),
+            self.ready.ptr(),
         ]
     }
 
     /// Device addresses of `(sparse_list, sparse_len, weight_list)`.
     pub fn output_ptrs(&self) -> (u64, u64, u64) {
-        let s = &self.stream;
         (
-            self.sparse_list.ptr(s),
-            self.sparse_len.ptr(s),
-            self.weight.ptr(s),
+            self.sparse_list.ptr(),
+            self.sparse_len.ptr(),
+            self.weight.ptr(),
         )
     }
 
