@@ -20,7 +20,8 @@ use tritonrt::abi::KernelArg;
 use tritonrt::artifact::{ArtifactStore, Variant};
 use tritonrt::driver::Device;
 use tritonrt::driver::Kernel;
-use tritonrt::jit::{cache_key, BuiltCubin, CacheOutcome, CubinCache, Lookup};
+use tritonrt::driver::{BuiltCubin, CacheOutcome};
+use tritonrt::jit::{cache_key, CubinCache, Lookup};
 
 const KERNEL: &str = "axpy_kernel";
 

@@ -169,7 +169,7 @@ pub enum Error {
     #[error("JIT of {origin} failed: {code}\ndriver log:\n{log}")]
     JitFailed {
         /// Which kernel, file, hash, arch and PTX version.
-        origin: Box<crate::jit::CodeOrigin>,
+        origin: Box<CodeOrigin>,
         /// The CUresult name.
         code: String,
         /// The driver's error + info log.
@@ -186,7 +186,7 @@ pub enum Error {
     #[error("loading {origin} failed: {code}: {msg}")]
     LoadFailed {
         /// Which kernel, entry, file, hash, arch and PTX version.
-        origin: Box<crate::jit::CodeOrigin>,
+        origin: Box<CodeOrigin>,
         /// The CUresult name.
         code: String,
         /// The driver's description.
@@ -404,5 +404,41 @@ impl Error {
             what: what.into(),
             msg: msg.into(),
         }
+    }
+}
+
+/// The code a JIT or module load was about, for error messages: the kernel, its entry,
+/// the file the bytes came from, their sha256, the device arch and the PTX version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeOrigin {
+    /// The variant id.
+    pub kernel: String,
+    /// The entry symbol.
+    pub entry: String,
+    /// The file (manifest cubin, cache entry or PTX).
+    pub file: PathBuf,
+    /// sha256 of the file's content.
+    pub sha256: String,
+    /// The device arch compiled / loaded for (e.g. 90).
+    pub arch: u32,
+    /// The variant's PTX `.version`.
+    pub ptx_version: String,
+    /// The variant's PTX `.target`.
+    pub target: String,
+}
+
+impl std::fmt::Display for CodeOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "kernel {} (entry {:?}) from {} (sha256 {}, PTX {} {}) on sm_{}",
+            self.kernel,
+            self.entry,
+            self.file.display(),
+            self.sha256,
+            self.ptx_version,
+            self.target,
+            self.arch
+        )
     }
 }

@@ -11,7 +11,7 @@
 //! concurrent writers of one key never leave a torn file.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
@@ -19,7 +19,8 @@ use crate::artifact::{
     is_arch_specific_target, ptx_header, sha256_hex, write_atomic, ArtifactStore, Variant,
 };
 use crate::driver::device::Device;
-use crate::error::{Error, Result};
+use crate::driver::{BuiltCubin, CacheOutcome};
+use crate::error::{CodeOrigin, Error, Result};
 
 /// Version of the cache key and entry format. Bump when the key's inputs change (or the
 /// entry layout does): old entries then simply stop being found.
@@ -77,72 +78,6 @@ pub fn cache_key(ptx_sha256: &str, arch: u32, driver_version: i32, opts: &JitOpt
     sha256_hex(text.as_bytes())
 }
 
-/// The code a JIT or module load was about, for error messages: the kernel, its entry,
-/// the file the bytes came from, their sha256, the device arch and the PTX version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CodeOrigin {
-    /// The variant id.
-    pub kernel: String,
-    /// The entry symbol.
-    pub entry: String,
-    /// The file (manifest cubin, cache entry or PTX).
-    pub file: PathBuf,
-    /// sha256 of the file's content.
-    pub sha256: String,
-    /// The device arch compiled / loaded for (e.g. 90).
-    pub arch: u32,
-    /// The variant's PTX `.version`.
-    pub ptx_version: String,
-    /// The variant's PTX `.target`.
-    pub target: String,
-}
-
-impl std::fmt::Display for CodeOrigin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "kernel {} (entry {:?}) from {} (sha256 {}, PTX {} {}) on sm_{}",
-            self.kernel,
-            self.entry,
-            self.file.display(),
-            self.sha256,
-            self.ptx_version,
-            self.target,
-            self.arch
-        )
-    }
-}
-
-/// Where a cubin came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheOutcome {
-    /// The manifest's own cubin (variant arch == device arch); no JIT, no cache.
-    ManifestCubin,
-    /// A verified cache entry.
-    Hit,
-    /// Not in the cache: JIT-compiled now and stored.
-    Built,
-    /// The entry was corrupt (warning printed): JIT-compiled again and replaced.
-    Rebuilt,
-}
-
-impl CacheOutcome {
-    /// Short label for tables: `manifest`, `cache`, `jit`, `jit (rebuilt)`.
-    pub fn label(self) -> &'static str {
-        match self {
-            CacheOutcome::ManifestCubin => "manifest cubin",
-            CacheOutcome::Hit => "cache hit",
-            CacheOutcome::Built => "jit",
-            CacheOutcome::Rebuilt => "jit (rebuilt)",
-        }
-    }
-
-    /// Whether the driver JIT ran.
-    pub fn jitted(self) -> bool {
-        matches!(self, CacheOutcome::Built | CacheOutcome::Rebuilt)
-    }
-}
-
 /// The result of reading one cache entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
@@ -152,22 +87,6 @@ pub enum Lookup {
     Miss,
     /// An entry exists but fails verification (why).
     Corrupt(String),
-}
-
-/// A cubin fetched by [`CubinCache::get_or_build`], with timing.
-#[derive(Debug, Clone)]
-pub struct BuiltCubin {
-    /// The cubin bytes.
-    pub cubin: Vec<u8>,
-    /// Where it came from.
-    pub outcome: CacheOutcome,
-    /// The file the bytes came from (manifest cubin, cache entry, or the PTX that was
-    /// JIT-compiled) and its sha256, for error messages.
-    pub origin: (PathBuf, String),
-    /// Wall time to obtain the bytes (read + verify, or JIT + store).
-    pub elapsed: Duration,
-    /// The driver's JIT info log when the JIT ran.
-    pub jit_log: Option<String>,
 }
 
 /// The on-disk cubin cache.

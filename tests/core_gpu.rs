@@ -15,9 +15,10 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use rand::{Rng, SeedableRng};
 use tritonrt::abi::KernelArg;
 use tritonrt::artifact::{manifest_to_bytes, sha256_hex, ArtifactStore};
+use tritonrt::driver::CacheOutcome;
 use tritonrt::driver::Kernel;
 use tritonrt::driver::{probe_driver, Device, DeviceBuf};
-use tritonrt::jit::{CacheOutcome, CubinCache};
+use tritonrt::jit::CubinCache;
 use tritonrt::runtime::Runtime;
 use tritonrt::Error;
 

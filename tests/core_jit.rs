@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
-use tritonrt::jit::{
-    cache_key, decode_entry, encode_entry, CacheOutcome, CubinCache, JitOptions, Lookup,
-};
+use tritonrt::driver::CacheOutcome;
+use tritonrt::jit::{cache_key, decode_entry, encode_entry, CubinCache, JitOptions, Lookup};
 
 const PTX_SHA: &str = "0c352c14949c4c66b7432f3bc8f6dfc9d654d2ef4233e3193eb3f97967f9ef67";
 

@@ -12,7 +12,8 @@ use tritonrt::artifact::{
 };
 use tritonrt::driver::Device;
 use tritonrt::driver::Kernel;
-use tritonrt::jit::{BuiltCubin, CacheOutcome, CubinCache};
+use tritonrt::driver::{BuiltCubin, CacheOutcome};
+use tritonrt::jit::CubinCache;
 
 /// The crate's own `ptx_cache/` (the default of `--ptx-cache`).
 pub const DEFAULT_PTX_CACHE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache");

@@ -13,6 +13,7 @@
 //! ([`crate::abi::plan_launch`]) are pure functions, tested without a GPU.
 
 use std::ffi::c_void;
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -23,8 +24,8 @@ use super::buffer::DevBuf;
 use super::device::{driver_error_strings, Device, Module};
 use crate::abi::{pack_args_into, plan_launch, KernelArg, LaunchPlan};
 use crate::artifact::Variant;
+use crate::error::CodeOrigin;
 use crate::error::{Error, Result};
-use crate::jit::{BuiltCubin, CacheOutcome, CodeOrigin};
 
 /// Times of loading one kernel.
 #[derive(Debug, Clone, Copy)]
@@ -660,4 +661,50 @@ impl Drop for Kernel {
         drop(table);
         let _ = &self.module;
     }
+}
+
+/// Where a cubin came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// The manifest's own cubin (variant arch == device arch); no JIT, no cache.
+    ManifestCubin,
+    /// A verified cache entry.
+    Hit,
+    /// Not in the cache: JIT-compiled now and stored.
+    Built,
+    /// The entry was corrupt (warning printed): JIT-compiled again and replaced.
+    Rebuilt,
+}
+
+impl CacheOutcome {
+    /// Short label for tables: `manifest`, `cache`, `jit`, `jit (rebuilt)`.
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheOutcome::ManifestCubin => "manifest cubin",
+            CacheOutcome::Hit => "cache hit",
+            CacheOutcome::Built => "jit",
+            CacheOutcome::Rebuilt => "jit (rebuilt)",
+        }
+    }
+
+    /// Whether the driver JIT ran.
+    pub fn jitted(self) -> bool {
+        matches!(self, CacheOutcome::Built | CacheOutcome::Rebuilt)
+    }
+}
+
+/// A cubin fetched by `CubinCache::get_or_build` (`crate::jit`), with timing.
+#[derive(Debug, Clone)]
+pub struct BuiltCubin {
+    /// The cubin bytes.
+    pub cubin: Vec<u8>,
+    /// Where it came from.
+    pub outcome: CacheOutcome,
+    /// The file the bytes came from (manifest cubin, cache entry, or the PTX that was
+    /// JIT-compiled) and its sha256, for error messages.
+    pub origin: (PathBuf, String),
+    /// Wall time to obtain the bytes (read + verify, or JIT + store).
+    pub elapsed: Duration,
+    /// The driver's JIT info log when the JIT ran.
+    pub jit_log: Option<String>,
 }

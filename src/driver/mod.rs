@@ -15,4 +15,4 @@ pub mod kernel;
 pub use buffer::{AllocError, DevBuf, DeviceBuf, DeviceDtype};
 pub use device::{driver_err, driver_error_strings, probe_driver, Device, Module, DRIVER_LIB};
 pub use graph::KernelGraph;
-pub use kernel::{Kernel, LoadInfo};
+pub use kernel::{BuiltCubin, CacheOutcome, Kernel, LoadInfo};
