@@ -11,13 +11,14 @@ use std::process::Command;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tritonrt::pq::Workload;
 use tritonrt::tune::candidate::{candidate_checksum, kernel_hash};
 use tritonrt::tune::table::{cache_dir_from, lock_path};
 use tritonrt::tune::{
     align_of, bucket_for, compare_exact, compare_f32, input_sets_for, render_report,
     render_summary, tune, Candidate, CandidateSet, DefaultReason, DeviceKey, ExclusionReason,
     OutputCheck, SelectionSource, ShapeBucket, ShapeFeatures, TimingPlan, TimingStats,
-    TuneSettings, TuneTarget, TuningEntry, TuningTable, Workload, ALIGN_CAP, SCHEMA_VERSION,
+    TuneSettings, TuneTarget, TuningEntry, TuningTable, ALIGN_CAP, SCHEMA_VERSION,
 };
 use tritonrt::Error;
 

@@ -36,11 +36,10 @@ use tritonrt::pq::tune::{
     candidate_set, device_key, gpu_targets, gpu_targets_on, pq_config_for, shape_for,
     tuned_select_variant, tuned_select_variant_in, GpuRequest, SCORE_V6,
 };
+use tritonrt::pq::Workload;
 use tritonrt::pq::{check, PqInputs};
 use tritonrt::runtime::Runtime;
-use tritonrt::tune::{
-    tune, ExclusionReason, OutputCheck, TuneSettings, TuningEntry, TuningTable, Workload,
-};
+use tritonrt::tune::{tune, ExclusionReason, OutputCheck, TuneSettings, TuningEntry, TuningTable};
 use tritonrt::Error;
 
 fn fixtures() -> PathBuf {

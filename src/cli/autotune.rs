@@ -7,7 +7,8 @@ use anyhow::Context;
 
 use super::{EXIT_ERROR, EXIT_OK};
 use tritonrt::pq::tune::GpuRequest;
-use tritonrt::tune::{self, TuneSettings, TuningTable, Workload};
+use tritonrt::pq::Workload;
+use tritonrt::tune::{self, TuneSettings, TuningTable};
 
 /// Arguments of `tritonrt autotune`.
 #[derive(Debug, clap::Args)]

@@ -31,7 +31,8 @@ Examples:
 Every step quantizes one new key (codes cached for S - 1 - init_offset keys), as the
 upstream benchmark does. Timings are medians after a warm-up.")]
 pub struct BenchArgs {
-    /// The workload: its B, H, H_kv, D and S (S is replaced by --seq-lens / --sweep).
+    /// The workload: `reference`, `large` or `B,H,H_kv,S,D[,M[,bits[,heavy]]]`; its S is
+    /// replaced by --seq-lens / --sweep.
     #[arg(
         long,
         value_enum,
@@ -138,7 +139,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             Ok(rt) => rt,
             Err(why) => anyhow::bail!("tritonrt bench needs a CUDA GPU: {why}"),
         };
-    let cfg = PqConfig::reference_workload();
+    let cfg = a.workload.config();
     if let Some(n) = a.soak {
         return soak(&rt, &cfg, n);
     }

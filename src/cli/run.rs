@@ -61,8 +61,9 @@ Examples:
 
 Exit status: 0 ok, 1 the check failed, 2 error (bad input, I/O, no GPU with --backend gpu).")]
 pub struct RunArgs {
-    /// Named workload giving the default shape: `reference` (B=1, H=H_kv=32, S=32000,
-    /// D=128) or `large` (B=4, H=H_kv=32, S=131072, D=128).
+    /// The workload giving the default shape and config: `reference` (B=1, H=H_kv=32,
+    /// S=32000, D=128), `large` (B=4, S=131072), or `B,H,H_kv,S,D[,M[,bits[,heavy]]]`
+    /// (the rest as the reference workload). The shape and config flags override it.
     #[arg(
         long,
         env = "TRITONRT_WORKLOAD",
@@ -323,7 +324,7 @@ fn build_inputs(a: &RunArgs) -> anyhow::Result<(PqConfig, PqInputs, String)> {
         );
         return Ok((cfg, inputs, how));
     }
-    let mut cfg = over.apply(PqConfig::reference_workload());
+    let mut cfg = over.apply(a.workload.config());
     if a.config.weight_dtype.is_none() {
         cfg.weight_dtype = cfg.input_dtype;
     }

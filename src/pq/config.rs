@@ -10,6 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::tune::ShapeFeatures;
 
 /// How new keys are assigned PQ codes (spec step 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -188,48 +189,230 @@ impl fmt::Display for Shape {
     }
 }
 
-/// The named workloads of the spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Workload {
-    /// [`Shape::reference`] with [`PqConfig::reference_workload`].
-    Reference,
-    /// [`Shape::large`] with [`PqConfig::reference_workload`].
-    Large,
+/// A PQCache decode-step workload: a named one of the spec (`reference`, `large`) or a
+/// custom shape, as `tritonrt run`, `bench` and `autotune --workload` take it (see the
+/// spec's "Reference workload"). Sizes are element counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    /// Short name for reports: `reference`, `large`, or `custom`.
+    pub name: String,
+    /// Batch `B`.
+    pub batch: u64,
+    /// Query heads `H`.
+    pub heads: u64,
+    /// KV heads `H_kv` (`H % H_kv == 0`).
+    pub kv_heads: u64,
+    /// Sequence length `S` including the new token.
+    pub seq_len: u64,
+    /// Head dimension `D`.
+    pub head_dim: u64,
+    /// Subvectors per key `M` (`pq_group_factor`, `D % M == 0`).
+    pub subvectors: u64,
+    /// Bits per code (`pq_bits`, 1..=8): `K = 2^bits` centroids.
+    pub bits: u32,
+    /// `sink_size`.
+    pub sink: u64,
+    /// `window_size`.
+    pub window: u64,
+    /// `heavy_size` (the top-k size).
+    pub heavy: u64,
+    /// `init_offset`: quantized key `j` is token `init_offset + j`.
+    pub init_offset: u64,
 }
 
 impl Workload {
-    /// The workload's shape.
-    pub fn shape(self) -> Shape {
-        match self {
-            Workload::Reference => Shape::reference(),
-            Workload::Large => Shape::large(),
+    /// The spec's reference workload: `B=1, H=H_kv=32, S=32000, D=128, M=2, bits=6,
+    /// sink=window=heavy=init_offset=128`.
+    pub fn reference() -> Self {
+        Workload {
+            name: "reference".into(),
+            batch: 1,
+            heads: 32,
+            kv_heads: 32,
+            seq_len: 32000,
+            head_dim: 128,
+            subvectors: 2,
+            bits: 6,
+            sink: 128,
+            window: 128,
+            heavy: 128,
+            init_offset: 128,
         }
+    }
+
+    /// The spec's large workload: the reference with `B=4, S=131072`.
+    pub fn large() -> Self {
+        Workload {
+            name: "large".into(),
+            batch: 4,
+            seq_len: 131072,
+            ..Workload::reference()
+        }
+    }
+
+    /// Check the spec's constraints.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] naming the first violated constraint, with the values.
+    pub fn validate(&self) -> Result<()> {
+        let w = "workload";
+        let fail = |m: String| Err(Error::invalid(w, m));
+        if self.batch == 0 || self.heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
+            return fail(format!(
+                "B, H, H_kv and D must be at least 1, got B={} H={} H_kv={} D={}",
+                self.batch, self.heads, self.kv_heads, self.head_dim
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return fail(format!(
+                "H % H_kv must be 0, got H={} H_kv={}",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.subvectors == 0 || !self.head_dim.is_multiple_of(self.subvectors) {
+            return fail(format!(
+                "D % M must be 0 with M >= 1, got D={} M={}",
+                self.head_dim, self.subvectors
+            ));
+        }
+        if !(1..=8).contains(&self.bits) {
+            return fail(format!("bits must be in 1..=8, got {}", self.bits));
+        }
+        if self.seq_len == 0 {
+            return fail("S must be at least 1, got 0".into());
+        }
+        Ok(())
+    }
+
+    /// Keys per row at this step: `n = S - init_offset` (0 when `S <= init_offset`).
+    pub fn n_keys(&self) -> u64 {
+        self.seq_len.saturating_sub(self.init_offset)
+    }
+
+    /// Rows of a per-query-head kernel: `B * H`.
+    pub fn rows(&self) -> u64 {
+        self.batch * self.heads
+    }
+
+    /// The workload's config: [`PqConfig::reference_workload`] with its `M`, bits, sink,
+    /// window, heavy and init_offset.
+    pub fn config(&self) -> PqConfig {
+        PqConfig {
+            sink_size: self.sink as usize,
+            window_size: self.window as usize,
+            heavy_size: self.heavy as usize,
+            init_offset: self.init_offset as usize,
+            pq_group_factor: self.subvectors as usize,
+            pq_bits: self.bits,
+            ..PqConfig::reference_workload()
+        }
+    }
+
+    /// The step's shape (`S` is the workload's sequence length).
+    pub fn shape(&self) -> Shape {
+        Shape {
+            b: self.batch as usize,
+            h: self.heads as usize,
+            h_kv: self.kv_heads as usize,
+            s: self.seq_len as usize,
+            d: self.head_dim as usize,
+        }
+    }
+
+    /// Decode-loop shape features of a per-query-head kernel (rows `B * H`, `n` keys per
+    /// row, alignment 1: see [`ShapeFeatures::decode`]).
+    pub fn features(&self) -> ShapeFeatures {
+        ShapeFeatures::decode(
+            self.rows(),
+            self.n_keys(),
+            (self.head_dim / self.subvectors.max(1)) as u32,
+            1u32 << self.bits.min(31),
+            self.heavy as u32,
+        )
     }
 }
 
 impl fmt::Display for Workload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Workload::Reference => "reference",
-            Workload::Large => "large",
-        })
+        write!(
+            f,
+            "{}: B={} H={} H_kv={} S={} D={} M={} bits={} sink={} window={} heavy={} \
+             init_offset={}",
+            self.name,
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.seq_len,
+            self.head_dim,
+            self.subvectors,
+            self.bits,
+            self.sink,
+            self.window,
+            self.heavy,
+            self.init_offset
+        )
     }
 }
 
 impl FromStr for Workload {
     type Err = Error;
-    /// `reference` or `large`.
+
+    /// `reference`, `large`, or `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (the other values are
+    /// the reference workload's). The result is validated ([`Workload::validate`]).
     fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "reference" | "ref" => Ok(Workload::Reference),
-            "large" => Ok(Workload::Large),
-            _ => Err(Error::PqConfig {
-                field: "workload",
-                value: s.to_string(),
-                expected: "reference or large".into(),
-            }),
-        }
+        let w = match s.trim() {
+            "reference" => Workload::reference(),
+            "large" => Workload::large(),
+            other => {
+                let fields: Vec<&str> = other.split(',').map(str::trim).collect();
+                if !(5..=8).contains(&fields.len()) {
+                    return Err(Error::invalid(
+                        "workload",
+                        format!(
+                            "{s:?}: expected `reference`, `large` or \
+                             B,H,H_kv,S,D[,M[,bits[,heavy]]] (5 to 8 comma-separated \
+                             integers), got {} fields",
+                            fields.len()
+                        ),
+                    ));
+                }
+                let names = ["B", "H", "H_kv", "S", "D", "M", "bits", "heavy"];
+                let mut v = [0u64; 8];
+                for (i, f) in fields.iter().enumerate() {
+                    v[i] = f.parse::<u64>().map_err(|_| {
+                        Error::invalid(
+                            "workload",
+                            format!(
+                                "{s:?}: field {} ({}) = {f:?} is not a non-negative integer",
+                                i + 1,
+                                names[i]
+                            ),
+                        )
+                    })?;
+                }
+                let r = Workload::reference();
+                let bits = if fields.len() > 6 {
+                    v[6]
+                } else {
+                    r.bits as u64
+                };
+                Workload {
+                    name: "custom".into(),
+                    batch: v[0],
+                    heads: v[1],
+                    kv_heads: v[2],
+                    seq_len: v[3],
+                    head_dim: v[4],
+                    subvectors: if fields.len() > 5 { v[5] } else { r.subvectors },
+                    bits: u32::try_from(bits).unwrap_or(u32::MAX),
+                    heavy: if fields.len() > 7 { v[7] } else { r.heavy },
+                    ..r
+                }
+            }
+        };
+        w.validate()?;
+        Ok(w)
     }
 }
 

@@ -87,29 +87,21 @@ impl GpuIndexer {
     ) -> Result<Self> {
         check_codebook(&cfg, &shape, centroids.len(), phi.map(|p| p.len()))?;
         let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
-        let copy = |src: &dyn Fn(
-            &mut CudaSlice<f32>,
-        )
-            -> std::result::Result<(), cudarc::driver::DriverError>,
-                    len: usize,
-                    what: &'static str|
-         -> Result<CudaSlice<f32>> {
-            let mut dst = stream.alloc_zeros::<f32>(len.max(1)).map_err(drv(what))?;
-            src(&mut dst).map_err(drv(what))?;
-            Ok(dst)
-        };
-        let cent = copy(
-            &|d| stream.memcpy_dtod(centroids, d),
-            centroids.len(),
-            "copying centroids",
-        )?;
-        let phi = match phi {
-            Some(p) => copy(&|d| stream.memcpy_dtod(p, d), p.len(), "copying phi")?,
-            None => stream
-                .alloc_zeros::<f32>(1)
-                .map_err(drv("allocating phi"))?,
-        };
-        Self::with_state(rt, stream, cfg, shape, cent, phi, select_variant)
+        let mut cent = stream
+            .alloc_zeros::<f32>(centroids.len())
+            .map_err(drv("allocating centroids"))?;
+        stream
+            .memcpy_dtod(centroids, &mut cent)
+            .map_err(drv("copying centroids"))?;
+        let mut phi_d = stream
+            .alloc_zeros::<f32>(phi.map_or(1, |p| p.len().max(1)))
+            .map_err(drv("allocating phi"))?;
+        if let Some(p) = phi {
+            stream
+                .memcpy_dtod(p, &mut phi_d)
+                .map_err(drv("copying phi"))?;
+        }
+        Self::with_state(rt, stream, cfg, shape, cent, phi_d, select_variant)
     }
 
     fn with_state(

@@ -34,7 +34,7 @@ pub mod candidate;
 pub mod procedure;
 pub mod table;
 
-pub use bucket::{align_of, bucket_for, ShapeBucket, ShapeFeatures, Workload, ALIGN_CAP};
+pub use bucket::{align_of, bucket_for, ShapeBucket, ShapeFeatures, ALIGN_CAP};
 pub use candidate::{Candidate, CandidateSet};
 pub use procedure::{
     compare_exact, compare_f32, input_sets_for, render_report, render_summary, tune, OutputCheck,
