@@ -398,7 +398,19 @@ fn imported_indexer(
     n0: usize,
     path: SelectPath,
 ) -> (GpuIndexer, PqInputs) {
-    let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
+    imported_indexer_seeded(rt, cfg, shape, n0, path, seed())
+}
+
+/// [`imported_indexer`] with inputs drawn from `seed`.
+fn imported_indexer_seeded(
+    rt: &Arc<Runtime>,
+    cfg: PqConfig,
+    shape: Shape,
+    n0: usize,
+    path: SelectPath,
+    seed: u64,
+) -> (GpuIndexer, PqInputs) {
+    let inputs = PqInputs::random(&cfg, shape, n0, seed).expect("inputs");
     let stream = rt.device().new_stream().expect("stream");
     let mut ix = GpuIndexer::new(
         rt.clone(),
@@ -608,21 +620,8 @@ fn gpu_paths_correct_beside_a_busy_stream() {
             for (fi, per_sm) in [1u32, 4, 16].into_iter().enumerate() {
                 let s = seed.wrapping_add((si * 100 + pi * 10 + fi) as u64 * 7919);
                 let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
-                let inputs = PqInputs::random(&cfg, shape, n_cached, s).expect("inputs");
-                let stream = rt.device().new_stream().expect("stream");
-                let mut ix = GpuIndexer::new(
-                    rt.clone(),
-                    stream.clone(),
-                    cfg,
-                    shape,
-                    &inputs.centroids,
-                    None,
-                    None,
-                )
-                .expect("indexer");
-                ix.set_select_path(path);
-                ix.import_codes(&inputs.codes, n_cached).expect("import");
-                let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+                let (mut ix, inputs) = imported_indexer_seeded(&rt, cfg, shape, n_cached, path, s);
+                let dev = DeviceInputs::upload(ix.stream(), &inputs, &cfg).expect("upload");
                 ix.prepare(shape.s).expect("prepare");
                 for mode in [LaunchMode::Launch, LaunchMode::Graph] {
                     ix.rewind(n_cached);

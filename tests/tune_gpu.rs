@@ -33,8 +33,8 @@ use tritonrt::artifact::ArtifactStore;
 use tritonrt::driver::Kernel;
 use tritonrt::pq::gpu::{execute, open_runtime, select_kernel_name};
 use tritonrt::pq::tune::{
-    candidate_set, device_key, gpu_targets, gpu_targets_on, pq_config_for, shape_for,
-    tuned_select_variant, tuned_select_variant_in, GpuRequest, SCORE_V6,
+    candidate_set, device_key, gpu_targets, gpu_targets_on, tuned_select_variant,
+    tuned_select_variant_in, GpuRequest, SCORE_V6,
 };
 use tritonrt::pq::Workload;
 use tritonrt::pq::{check, PqInputs};
@@ -326,8 +326,8 @@ fn autotune_small_workload_on_gpu() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let s = rng.random_range(5000..9000);
     let w: Workload = format!("2,8,4,{s},128").parse().unwrap();
-    let cfg = pq_config_for(&w);
-    let shape = shape_for(&w);
+    let cfg = w.config();
+    let shape = w.shape();
     let select = select_kernel_name(&cfg).unwrap();
     eprintln!("autotune test on {}: {w}, seed {seed}", rt.device().name());
     let req = GpuRequest {

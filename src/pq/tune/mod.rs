@@ -194,31 +194,6 @@ pub fn tunable_kernels(store: &ArtifactStore) -> Vec<String> {
     names
 }
 
-/// The indexer config of a tuning workload: the reference config (euclidean, fp32 query,
-/// key and weights) with the workload's sink, window, heavy, init_offset, M and bits.
-pub fn pq_config_for(w: &Workload) -> PqConfig {
-    PqConfig {
-        sink_size: w.sink as usize,
-        window_size: w.window as usize,
-        heavy_size: w.heavy as usize,
-        init_offset: w.init_offset as usize,
-        pq_group_factor: w.subvectors as usize,
-        pq_bits: w.bits,
-        ..PqConfig::reference_workload()
-    }
-}
-
-/// The step shape of a tuning workload.
-pub fn shape_for(w: &Workload) -> Shape {
-    Shape {
-        b: w.batch as usize,
-        h: w.heads as usize,
-        h_kv: w.kv_heads as usize,
-        s: w.seq_len as usize,
-        d: w.head_dim as usize,
-    }
-}
-
 /// The kernels tuned for workload `w` when none are named: `pq_score_kernel_v6`, the
 /// select kernel `w`'s config uses (fp32 query and weights), and `pq_score_lut.q_fp32`.
 ///
@@ -228,7 +203,7 @@ pub fn shape_for(w: &Workload) -> Shape {
 pub fn default_kernels(w: &Workload) -> Result<Vec<String>> {
     Ok(vec![
         SCORE_V6.to_string(),
-        select_kernel_name(&pq_config_for(w))?,
+        select_kernel_name(&w.config())?,
         format!("{SCORE_LUT_PREFIX}fp32"),
     ])
 }
@@ -416,7 +391,7 @@ pub fn gpu_targets_on(rt: Arc<Runtime>, req: &GpuRequest) -> Result<GpuSession> 
 
 fn resolve_alias(name: &str, w: &Workload) -> Result<String> {
     Ok(match name {
-        "pq_select" | "select" => select_kernel_name(&pq_config_for(w))?,
+        "pq_select" | "select" => select_kernel_name(&w.config())?,
         "pq_score_lut" | "lut" => format!("{SCORE_LUT_PREFIX}fp32"),
         "v6" | "pq_score" => SCORE_V6.to_string(),
         other => other.to_string(),

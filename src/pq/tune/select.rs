@@ -60,9 +60,9 @@ impl SelectTarget {
         let cfg = PqConfig {
             input_dtype: qt,
             weight_dtype: wt,
-            ..pq_config_for(w)
+            ..w.config()
         };
-        let shape = shape_for(w);
+        let shape = w.shape();
         cfg.validate(&shape)?;
         let name = set.kernel().to_string();
         let want = select_kernel_name(&cfg)?;
@@ -455,8 +455,8 @@ mod tests {
     #[test]
     fn select_bucket_matches_the_workload_features() {
         let w = Workload::reference();
-        let cfg = pq_config_for(&w);
-        let b = select_bucket(&cfg, &shape_for(&w), 90).unwrap();
+        let cfg = w.config();
+        let b = select_bucket(&cfg, &w.shape(), 90).unwrap();
         assert_eq!(
             b.to_string(),
             "b1:pq_select.h128.q_fp32.w_fp32:fp32+fp32:sm90:rows<=32:n<=32768:align1:ds64:K64:heavy<=128"
