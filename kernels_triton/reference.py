@@ -6,7 +6,7 @@ centroids [B, H_kv, M, K, d_c] fp32, codebook int64 [B, N_cached, H_kv, M], phi 
 int64 [B, H], weight_list [B, H, S] (weight dtype, default the query's) and the updated
 codebook [B, n, H_kv, M].
 
-Used as the device-side oracle (`test_kernels.py`), as the PyTorch-eager baseline of
+Used as the oracle of `compare_outputs.py`, as the PyTorch-eager baseline of
 `benches/compare.py`, and from the command line:
 
     python3 kernels_triton/reference.py in.safetensors out.safetensors
