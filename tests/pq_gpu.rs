@@ -684,3 +684,110 @@ fn ran(i: &StepInfo) -> &'static str {
         _ => "pq_select",
     }
 }
+
+/// The engine API refuses bad device inputs with a message naming them: a centroid
+/// buffer of the wrong length, device codes outside `0..K` (counted on the device), output
+/// buffers too small or of the wrong dtype, a key view too short for the step; and on
+/// good inputs `step_into` writes the same bytes into the caller's buffers as `step` into
+/// the indexer's own.
+#[test]
+fn gpu_engine_api_checks_device_inputs() {
+    use cudarc::driver::CudaSlice;
+    use tritonrt::driver::DeviceBuf;
+    use tritonrt::pq::gpu::StepOutputs;
+    let Some(rt) = runtime() else { return };
+    let cfg = base();
+    let shape = sh(1, 8, 2, 6000, 128);
+    let n0 = PqInputs::default_n_cached(&cfg, shape.s);
+    let inputs = PqInputs::random(&cfg, shape, n0, seed()).expect("inputs");
+    let stream = rt.device().new_stream().expect("stream");
+    let cent: CudaSlice<f32> = stream.clone_htod(&inputs.centroids).unwrap();
+    let short: CudaSlice<f32> = stream.clone_htod(&inputs.centroids[1..]).unwrap();
+    let none = None::<&CudaSlice<f32>>;
+    let e = GpuIndexer::new_on_device(rt.clone(), stream.clone(), cfg, shape, &short, none, None)
+        .err()
+        .expect("short centroids refused");
+    assert!(e.to_string().contains("pq_centroids"), "{e}");
+    let mut ix =
+        GpuIndexer::new_on_device(rt.clone(), stream.clone(), cfg, shape, &cent, none, None)
+            .expect("indexer");
+    let mut bad_codes = inputs.codes.clone();
+    bad_codes[17] = 64; // K = 64
+    bad_codes[99] = -1;
+    let bad: CudaSlice<i64> = stream.clone_htod(&bad_codes).unwrap();
+    let e = ix
+        .import_codes_on_device(&bad, n0)
+        .expect_err("codes outside 0..K");
+    assert!(
+        e.to_string().contains("2 of the") && e.to_string().contains("outside 0..64"),
+        "{e}"
+    );
+    let codes: CudaSlice<i64> = stream.clone_htod(&inputs.codes).unwrap();
+    ix.import_codes_on_device(&codes, n0).expect("import");
+    let dev = DeviceInputs::upload(&stream, &inputs, &cfg).expect("upload");
+    let rows = shape.b * shape.h;
+    let total = cfg.total(shape.s);
+    let sl: CudaSlice<i64> = stream.alloc_zeros(rows * total).unwrap();
+    let len: CudaSlice<i64> = stream.alloc_zeros(rows).unwrap();
+    let w: CudaSlice<f32> = stream.alloc_zeros(rows * shape.s).unwrap();
+    let w_small: CudaSlice<f32> = stream.alloc_zeros(rows * shape.s - 1).unwrap();
+    let w_ints: CudaSlice<i32> = stream.alloc_zeros(rows * shape.s).unwrap();
+    let out = |w: DeviceBuf| StepOutputs {
+        sparse_list: DeviceBuf::of(&sl, &stream),
+        sparse_len: DeviceBuf::of(&len, &stream),
+        weight_list: w,
+    };
+    for (w_bad, what) in [
+        (DeviceBuf::of(&w_small, &stream), "too small"),
+        (DeviceBuf::of(&w_ints, &stream), "of i32"),
+    ] {
+        let e = ix
+            .step_into(
+                dev.query(),
+                dev.key(),
+                shape.s,
+                LaunchMode::Launch,
+                out(w_bad),
+            )
+            .expect_err(what);
+        assert!(e.to_string().contains("weight_list"), "{what}: {e}");
+    }
+    let short_key =
+        tritonrt::pq::gpu::DeviceTensorRef::new(dev.key().buf(), DType::F32, dev.key().strides())
+            .unwrap();
+    let e = ix
+        .step_into(
+            dev.query(),
+            &short_key,
+            shape.s + 1,
+            LaunchMode::Launch,
+            out(DeviceBuf::of(&w, &stream)),
+        )
+        .expect_err("a step past the key buffer");
+    assert!(e.to_string().contains("key"), "{e}");
+    ix.rewind(n0);
+    ix.step_into(
+        dev.query(),
+        dev.key(),
+        shape.s,
+        LaunchMode::Graph,
+        out(DeviceBuf::of(&w, &stream)),
+    )
+    .expect("step_into");
+    ix.synchronize().unwrap();
+    let (got_sl, got_len, got_w) = (
+        stream.clone_dtoh(&sl).unwrap(),
+        stream.clone_dtoh(&len).unwrap(),
+        stream.clone_dtoh(&w).unwrap(),
+    );
+    ix.rewind(n0);
+    ix.step(dev.query(), dev.key(), shape.s, LaunchMode::Launch)
+        .expect("step");
+    let own = ix.download().expect("download");
+    assert_eq!(got_sl, own.sparse_list, "sparse_list");
+    assert_eq!(got_len, own.sparse_len, "sparse_len");
+    assert_eq!(got_w, own.weight_list, "weight_list");
+    let report = check(&cfg, &inputs, &own);
+    assert!(report.passed(), "{report}");
+    eprintln!("engine API: bad centroids, codes, outputs and key extent refused; step_into == step: [{report}]");
+}
