@@ -1,9 +1,17 @@
 //! Inputs found while fuzzing the parsers (fuzz/, benches/fuzz.sh; NOTES.md "fuzzing the
 //! parsers"), each with the behaviour now expected.
 
-use std::path::Path;
+use std::fs;
+use std::path::{Path, PathBuf};
 
+use tritonrt::artifact::import_triton_cache_entry;
 use tritonrt::tune::{DeviceKey, ShapeBucket, TuningTable};
+
+fn fixtures() -> PathBuf {
+    std::env::var_os("TRITONRT_TEST_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+}
 
 /// The fuzz target `tuning_table`'s crash, minimized: the bucket `heavy<=04` parses to the
 /// same bucket as `heavy<=4`, so the entry was accepted (strictly, too) as consistent,
@@ -49,5 +57,56 @@ fn tuning_entry_with_a_non_canonical_bucket_is_inconsistent() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not in its canonical form"), "{to}: {e}");
+    }
+}
+
+/// Found while writing the fuzz target `triton_import`: the metadata's `name` picks the
+/// files read next to it (`<name>.ptx`, `.ttir`, `.cubin`), so a name such as
+/// `../outside/evil` made the importer read (and copy into the ptx_cache) a PTX file
+/// outside the entry directory. Such names are now refused before any file is read.
+#[test]
+fn triton_entry_name_with_a_path_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let src = fixtures().join("triton_cache_entry");
+    let json = fs::read_to_string(src.join("axpy_kernel.json")).unwrap();
+    let ptx = fs::read_to_string(src.join("axpy_kernel.ptx")).unwrap();
+    let entry = t.path().join("entry");
+    let outside = t.path().join("outside");
+    fs::create_dir_all(&entry).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    let evil = "../outside/evil";
+    // A self-consistent entry whose PTX lies outside the entry directory.
+    fs::write(
+        entry.join("k.json"),
+        json.replace(
+            "\"name\": \"axpy_kernel\"",
+            &format!("\"name\": \"{evil}\""),
+        ),
+    )
+    .unwrap();
+    fs::write(outside.join("evil.ptx"), ptx.replace("axpy_kernel", evil)).unwrap();
+    let cache = t.path().join("ptx_cache");
+    let e = import_triton_cache_entry(&entry, &cache)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not a plain file name") && e.contains(evil),
+        "{e}"
+    );
+    assert!(!cache.join("manifest.json").exists());
+
+    for name in ["", "/abs/k", "a\\\\b", ".", ".."] {
+        fs::write(
+            entry.join("k.json"),
+            json.replace(
+                "\"name\": \"axpy_kernel\"",
+                &format!("\"name\": \"{name}\""),
+            ),
+        )
+        .unwrap();
+        let e = import_triton_cache_entry(&entry, &cache)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a plain file name"), "{name:?}: {e}");
     }
 }
