@@ -98,6 +98,22 @@ pub fn import_triton_cache_entry(entry_dir: &Path, ptx_cache_dir: &Path) -> Resu
         msg,
     };
     let (json_path, md) = find_metadata(entry_dir)?;
+    // The name picks the files read next to the metadata (`<name>.ptx`, ...): a name with
+    // a path separator (`../x`, `/abs/x`) would read files outside the entry directory.
+    let plain_name = !md.name.is_empty()
+        && !md.name.contains(['/', '\\', '\0'])
+        && Path::new(&md.name)
+            .file_name()
+            .map(|n| n == md.name.as_str())
+            == Some(true);
+    if !plain_name {
+        return Err(bad(format!(
+            "{}: kernel name {:?} is not a plain file name (Triton writes <name>.ptx next \
+             to <name>.json)",
+            json_path.display(),
+            md.name
+        )));
+    }
     if md.target.backend != "cuda" {
         return Err(bad(format!(
             "{}: backend {:?}, expected \"cuda\"",

@@ -225,6 +225,15 @@ impl TuningEntry {
                     b.kernel, self.kernel
                 ))
             }
+            // Lookups key on the bucket's string form: a bucket written another way
+            // (`heavy<=064`, `rows<=+32`) would be accepted but never found.
+            Ok(b) if b.to_string() != self.bucket => {
+                return Some(format!(
+                    "bucket {:?} is not in its canonical form {:?}",
+                    self.bucket,
+                    b.to_string()
+                ))
+            }
             Ok(_) => {}
         }
         if self.timings.is_empty() {
