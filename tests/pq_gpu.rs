@@ -752,6 +752,8 @@ fn gpu_engine_api_checks_device_inputs() {
             .expect_err(what);
         assert!(e.to_string().contains("weight_list"), "{what}: {e}");
     }
+    // a step at S + 1 with outputs big enough for it: the key view (S positions) is short
+    let w_next: CudaSlice<f32> = stream.alloc_zeros(rows * (shape.s + 1)).unwrap();
     let short_key =
         tritonrt::pq::gpu::DeviceTensorRef::new(dev.key().buf(), DType::F32, dev.key().strides())
             .unwrap();
@@ -761,10 +763,13 @@ fn gpu_engine_api_checks_device_inputs() {
             &short_key,
             shape.s + 1,
             LaunchMode::Launch,
-            out(DeviceBuf::of(&w, &stream)),
+            out(DeviceBuf::of(&w_next, &stream)),
         )
         .expect_err("a step past the key buffer");
-    assert!(e.to_string().contains("key"), "{e}");
+    assert!(
+        e.to_string().contains("key") && e.to_string().contains("buffer holds"),
+        "{e}"
+    );
     ix.rewind(n0);
     ix.step_into(
         dev.query(),
