@@ -321,7 +321,7 @@ impl GpuIndexer {
     ) -> Result<StepInfo> {
         let (cfg, shape) = (&self.state.cfg, &self.state.shape);
         let rows = shape.b * shape.h;
-        let total = if cfg.is_short(s) { s } else { cfg.total(s) };
+        let total = cfg.total(s);
         let wdt = cfg.weight_dtype;
         for (what, buf, dtype, elems) in [
             (

@@ -370,11 +370,7 @@ impl DeviceState {
         let st = self.stream.clone();
         let rows = self.rows();
         let (m, k) = (self.cfg.m(), self.cfg.k_centroids());
-        let total = if self.cfg.is_short(s) {
-            s
-        } else {
-            self.cfg.total(s)
-        };
+        let total = self.cfg.total(s);
         if self.outputs.is_none() {
             self.sparse_list.ensure(&st, rows * total)?;
             self.weight
