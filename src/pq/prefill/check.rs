@@ -25,15 +25,17 @@
 //! centroids to equal the reference's, centroids compared after rounding the reference to
 //! f32 (`0.0 == -0.0`).
 //!
-//! The argmin check costs `n * K * d_c` per group; it runs over (group, key chunk) items
-//! on [`crate::pq::host_threads`] threads, and the report does not depend on their
-//! number.
+//! The argmin check costs `n * K * d_c` per group. The minimum over `k` is found by an
+//! f32 screening pass with a proven error bound followed by f64 distances for the few
+//! centroids it cannot rule out, which gives exactly the f64 minimum of a full f64
+//! search (see the reference's module docs). It runs over (group, key chunk) items on
+//! [`crate::pq::host_threads`] threads, and the report does not depend on their number.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use super::super::par_items;
-use super::reference::{augment, dist2, subvector, RefPrefill};
+use super::reference::{augment, dist2, subvector, RefPrefill, Screen};
 use super::{PrefillConfig, PrefillInputs, PrefillOutput};
 use crate::pq::config::Metric;
 
@@ -313,10 +315,16 @@ struct ChunkResult {
 }
 
 impl ChunkResult {
-    fn push(&mut self, v: PrefillViolation, max_listed: usize) {
-        *self.counts.entry(v.kind).or_default() += 1;
+    /// Count a violation of `kind`; build its detail only while the list has room.
+    fn push(
+        &mut self,
+        kind: PrefillViolationKind,
+        max_listed: usize,
+        make: impl FnOnce() -> PrefillViolation,
+    ) {
+        *self.counts.entry(kind).or_default() += 1;
         if self.violations.len() < max_listed {
-            self.violations.push(v);
+            self.violations.push(make());
         }
     }
 }
@@ -504,16 +512,12 @@ pub fn check_with(
             let cents = &cents64[gi * k * dc..(gi + 1) * k * dc];
             let phi = candidate.phi.as_ref().filter(|_| ip).map(|p| p[gi]);
             let mut x = vec![0f64; dc];
+            let screen = Screen::new(cents, dc);
+            let mut scratch = screen.scratch();
             for j in c * CHECK_CHUNK..((c + 1) * CHECK_CHUNK).min(n) {
                 augment(subvector(cfg, inputs, gi, j), phi, &mut x);
                 out.energy += x.iter().map(|v| v * v).sum::<f64>();
-                let mut best = (0usize, f64::INFINITY);
-                for (kk, cen) in cents.chunks_exact(dc).enumerate() {
-                    let d = dist2(&x, cen);
-                    if d < best.1 {
-                        best = (kk, d);
-                    }
-                }
+                let best = screen.nearest(&x, &mut scratch);
                 out.inertia += best.1;
                 let idx = cfg.code_index(&sh, b, j, g, m);
                 let code = candidate.codes[idx];
@@ -524,32 +528,30 @@ pub fn check_with(
                     detail,
                 };
                 if code < 0 || code >= k as i64 {
-                    out.push(
+                    out.push(PrefillViolationKind::CodeRange, max_listed, || {
                         viol(
                             PrefillViolationKind::CodeRange,
                             format!("code {code} outside 0..K = 0..{k}"),
-                        ),
-                        max_listed,
-                    );
+                        )
+                    });
                     continue;
                 }
                 let rc = reference.codes[idx];
                 if code != rc {
                     out.differing += 1;
                     if exact {
-                        out.push(
+                        out.push(PrefillViolationKind::ExactCodes, max_listed, || {
                             viol(
                                 PrefillViolationKind::ExactCodes,
                                 format!("code {code}, the reference's {rc}"),
-                            ),
-                            max_listed,
-                        );
+                            )
+                        });
                     }
                 }
                 let cu = code as usize;
                 let d = dist2(&x, &cents[cu * dc..(cu + 1) * dc]);
                 if d > best.1 + tol {
-                    out.push(
+                    out.push(PrefillViolationKind::Argmin, max_listed, || {
                         viol(
                             PrefillViolationKind::Argmin,
                             format!(
@@ -559,9 +561,8 @@ pub fn check_with(
                                 best.1,
                                 d - best.1
                             ),
-                        ),
-                        max_listed,
-                    );
+                        )
+                    });
                 }
             }
         });
