@@ -697,6 +697,21 @@ fn checker_fails_a_moved_centroid() {
     let w = rep.worst_inertia.unwrap();
     assert_eq!(w.group, gi);
     assert!(w.rel > 1e-3, "{rep}");
+    // With every code wrong too, the report still shows an inertia violation.
+    let mut worse = out.clone();
+    worse.codes.fill(0);
+    let rep = check(&c, &inp, &r, &worse);
+    assert!(rep.count(Kind::Argmin) > 100, "{rep}");
+    let shown = rep.to_string();
+    assert!(
+        shown.contains("\n  group 1 (b=0 g=0 m=1): inertia: "),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("key 1: argmin: code 0 at squared distance"),
+        "{shown}"
+    );
+    assert_eq!(shown.lines().count(), 1 + 5 + 1, "{shown}");
     // A tiny move (far below 0.1% of the inertia) passes.
     let (_, _, _, mut out) = random_case(Metric::Euclidean);
     out.centroids[(gi * 16 + kk) * dc] += 1e-4;

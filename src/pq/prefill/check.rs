@@ -48,7 +48,8 @@ pub const INERTIA_TOL: f64 = 1e-3;
 pub const INERTIA_FLOOR: f64 = 1e-7;
 /// Relative tolerance on `phi` (ip).
 pub const PHI_TOL: f64 = 1e-5;
-/// Violations listed in a report by default (all are counted; `Display` shows 5).
+/// Violations listed per kind in a report by default (all are counted; `Display` shows
+/// 5, taking the kinds in turn).
 pub const DEFAULT_MAX_LISTED: usize = 12;
 /// Violations `Display` prints.
 const DISPLAYED: usize = 5;
@@ -161,7 +162,9 @@ pub struct PrefillCheckReport {
     pub k: usize,
     /// Centroid dimension.
     pub d_c: usize,
-    /// The first violations, in (kind of check, group, key) order.
+    /// The first violations of each kind (at most `max_listed` per kind), in the order
+    /// found: iteration counts, `phi` and finiteness, then per group the codes (by key),
+    /// then inertia, then exact centroids.
     pub listed: Vec<PrefillViolation>,
     /// Number of violations per kind.
     pub counts: BTreeMap<PrefillViolationKind, usize>,
@@ -178,9 +181,40 @@ pub struct PrefillCheckReport {
 impl PrefillCheckReport {
     fn push(&mut self, v: PrefillViolation) {
         *self.counts.entry(v.kind).or_default() += 1;
-        if self.listed.len() < self.max_listed {
+        self.list(v);
+    }
+
+    /// Keep `v` in `listed` if its kind has room (it is already counted).
+    fn list(&mut self, v: PrefillViolation) {
+        if self.listed.iter().filter(|l| l.kind == v.kind).count() < self.max_listed {
             self.listed.push(v);
         }
+    }
+
+    /// Up to `count` listed violations, taking the kinds in turn (the first of each kind,
+    /// then the second of each, ...).
+    pub fn sample(&self, count: usize) -> Vec<&PrefillViolation> {
+        let per_kind: Vec<Vec<&PrefillViolation>> = self
+            .counts
+            .keys()
+            .map(|k| self.listed.iter().filter(|v| v.kind == *k).collect())
+            .collect();
+        let mut out = Vec::new();
+        for round in 0.. {
+            let before = out.len();
+            for list in &per_kind {
+                if out.len() == count {
+                    return out;
+                }
+                if let Some(v) = list.get(round) {
+                    out.push(*v);
+                }
+            }
+            if out.len() == before {
+                break;
+            }
+        }
+        out
     }
 
     /// True when no violation was found.
@@ -238,10 +272,11 @@ impl fmt::Display for PrefillCheckReport {
             self.total_violations(),
             per_kind.join(", ")
         )?;
-        for v in self.listed.iter().take(DISPLAYED) {
+        let shown = self.sample(DISPLAYED);
+        for v in &shown {
             write!(f, "\n  {v}")?;
         }
-        let hidden = self.total_violations() - self.listed.len().min(DISPLAYED);
+        let hidden = self.total_violations() - shown.len();
         if hidden > 0 {
             write!(f, "\n  ... and {hidden} more")?;
         }
@@ -254,7 +289,8 @@ impl fmt::Display for PrefillCheckReport {
 pub struct PrefillCheckOptions {
     /// Spec rule or exact.
     pub mode: PrefillCheckMode,
-    /// How many violations to keep in [`PrefillCheckReport::listed`] (all are counted).
+    /// How many violations of each kind to keep in [`PrefillCheckReport::listed`] (all
+    /// are counted).
     pub max_listed: usize,
 }
 
@@ -322,8 +358,9 @@ impl ChunkResult {
         max_listed: usize,
         make: impl FnOnce() -> PrefillViolation,
     ) {
-        *self.counts.entry(kind).or_default() += 1;
-        if self.violations.len() < max_listed {
+        let c = self.counts.entry(kind).or_default();
+        *c += 1;
+        if *c <= max_listed {
             self.violations.push(make());
         }
     }
@@ -583,9 +620,7 @@ pub fn check_with(
                 *report.counts.entry(*kind).or_default() += cnt;
             }
             for v in r.violations.drain(..) {
-                if report.listed.len() < report.max_listed {
-                    report.listed.push(v);
-                }
+                report.list(v);
             }
         }
         let r = reference.inertia[gi];
