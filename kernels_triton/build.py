@@ -4,6 +4,8 @@
     python kernels_triton/build.py            # (re)build ptx_cache/ next to kernels_triton/
     python kernels_triton/build.py --check    # build into a temp dir, compare, exit 1 if stale
     python kernels_triton/build.py --out DIR  # build somewhere else
+    python kernels_triton/build.py --only pq_kmeans   # recompile one module's kernels,
+                                              # keep the others' entries and files
 
 Needs triton==3.6.0 (exactly) and no GPU or driver: it calls the compiler API
 (``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``) directly,
@@ -264,12 +266,46 @@ def atomic_write(path: Path, data: bytes):
         raise
 
 
-def build(out: Path, jobs: int, quiet: bool = False) -> dict:
+def kept_entries(out: Path, only: set, mods: list, src_hash: dict, files: dict) -> list:
+    """``--only``: the manifest entries (and their files, into ``files``) of the modules
+    not rebuilt, from the existing build in ``out``. Every kept module's source must be
+    unchanged since (its ``source_hash``), else this is no longer the same build."""
+    unknown = sorted(only - set(mods))
+    if unknown:
+        raise SystemExit(f"error: --only {', '.join(unknown)}: no such kernel module (have {', '.join(mods)})")
+    try:
+        old = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --only needs an existing build in {out}: {e}")
+    kept = []
+    for v in old.get("variants", []):
+        mod = v["source"][:-3]
+        if mod in only or mod not in src_hash:
+            continue
+        if v["source_hash"] != src_hash[mod]:
+            raise SystemExit(f"error: --only: {mod}.py changed since {out} was built; rebuild it too "
+                             f"(--only {','.join(sorted(only | {mod}))}) or rebuild everything")
+        for kind in ("ptx", "cubin"):
+            if kind in v:
+                data = (out / v[kind]["file"]).read_bytes()
+                if sha256(data) != v[kind]["sha256"]:
+                    raise SystemExit(f"error: --only: {out / v[kind]['file']} is corrupt; rebuild everything")
+                files[v[kind]["file"]] = data
+        kept.append(v)
+    return kept
+
+
+def build(out: Path, jobs: int, quiet: bool = False, only: set | None = None) -> dict:
     mods = kernel_modules()
     kernels = load_kernels(mods)
     by_name = {k.name: (m, k) for m, k in kernels}
-    todo = jobs_for(kernels)
     src_hash = {m: sha256((HERE / f"{m}.py").read_bytes()) for m in mods}
+    files = {}
+    variants = []
+    if only:
+        variants = kept_entries(out, only, mods, src_hash, files)
+        kernels = [(m, k) for m, k in kernels if m in only]
+    todo = jobs_for(kernels)
     if not quiet:
         print(f"build: triton {TRITON_VERSION}, {len(kernels)} logical kernels, {len(todo)} variants, "
               f"{jobs} worker(s) -> {out}", flush=True)
@@ -298,8 +334,6 @@ def build(out: Path, jobs: int, quiet: bool = False) -> dict:
                 if not quiet:
                     print(f"[{done}/{len(todo)}] {job[4]} ({r['seconds']:.1f} s, {r['registers']} regs)",
                           flush=True)
-    variants = []
-    files = {}
     for r in results:
         mod, name, arch, vi, vid = r["job"]
         _, k = by_name[name]
@@ -440,6 +474,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default: ptx_cache/)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--list", action="store_true", help="list the variants and exit")
+    ap.add_argument("--only", metavar="MODULE[,MODULE]",
+                    help="recompile only these kernel modules (e.g. pq_kmeans); the other modules' "
+                         "entries and files are kept from --out, whose sources must be unchanged")
     args = ap.parse_args(argv)
     try:
         import triton
@@ -458,7 +495,7 @@ def main(argv=None) -> int:
         return 0
     if args.check:
         return check(args.out, args.jobs)
-    build(args.out, args.jobs)
+    build(args.out, args.jobs, only=set(args.only.split(",")) if args.only else None)
     return 0
 
 
