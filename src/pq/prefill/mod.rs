@@ -35,9 +35,11 @@ use crate::error::{Error, Result};
 pub mod check;
 #[cfg(feature = "cli")]
 mod generate;
+mod gpu;
 pub mod reference;
 
 pub use check::{PrefillCheckMode, PrefillCheckReport, PrefillViolationKind};
+pub use gpu::{DeviceKeys, GpuPrefill, PrefillResult, PrefillTiming};
 pub use reference::RefPrefill;
 
 /// The largest subvector dimension `d_s = D / M` the prefill kernels take.
