@@ -5,7 +5,9 @@ per configuration, on the spec's prefill shapes (bf16 keys).
 
     python3 benches/kmeans_sweep.py [--shapes 1,8,32768,2,6 ...] [--quick]
 
-Prints one line per (shape, kernel, config), fastest first per kernel. The chosen
+Where one tile holds every cluster and coordinate (``K <= 64``, ``d_s <= BLOCK_D``) the
+assignment writes the member sums itself and ``pq_km_sums`` is not timed (0). Prints the
+fastest configurations per shape: assignment + sums, and each alone. The chosen
 configurations go into ``kernels_triton/pq_kmeans.py`` (the build's variants).
 """
 
@@ -64,9 +66,10 @@ def main():
         st = (H_kv * S * D, S * D, D)
         rows = []
         for ctas_per_sm in (1, 2, 4):
-            for bn, nw, ns, bd in itertools.product((64, 128), (4, 8), (1, 3), (32, 64)):
-                if args.quick and (ns == 3 or bd == 64):
+            for bn, nw, ns, bd, maxnreg in itertools.product((64, 128), (4, 8), (1, 3), (32, 64), (0, 168, 128)):
+                if args.quick and (ns == 3 or nw == 8 or ctas_per_sm != 4):
                     continue
+                mr = {"maxnreg": maxnreg} if maxnreg else {}
                 want = max(1, cdiv(ctas_per_sm * sms, G))
                 P = min(want, cdiv(n, bn))
                 per = cdiv(cdiv(n, P), bn) * bn
@@ -74,34 +77,35 @@ def main():
                 part = torch.empty(G, P, K, d_s, device="cuda")
                 cnt = torch.empty(G, P, K, dtype=torch.int32, device="cuda")
 
+                fused = K <= 64 and d_s <= 64
+
                 def assign():
-                    pq_km_assign_kernel[(P, G)](key, cent, phi, codes, chg, done, *st, H_kv, M, K, d_s, n, init_offset,
-                                                per, cap, 1, 0, 0, BLOCK_N=bn, BLOCK_K=64, BLOCK_D=bd, num_warps=nw,
-                                                num_stages=ns)
+                    # the member sums fuse into the assignment where one tile holds them all
+                    pq_km_assign_kernel[(P, G)](key, cent, phi, codes, part, cnt, chg, done, *st, H_kv, M, K, d_s, n,
+                                                init_offset, per, cap, P, 1, 0, 0, BLOCK_N=bn, BLOCK_K=64, BLOCK_D=bd,
+                                                SUM_D=64, num_warps=nw, num_stages=ns, **mr)
 
                 def sums():
                     pq_km_sums_kernel[(P, cdiv(K, 64), G)](key, phi, codes, part, cnt, done, *st, H_kv, M, K, d_s, n,
-                                                          init_offset, per, cap, P, 0, BLOCK_N=bn, BLOCK_K=64,
-                                                          BLOCK_D=bd, num_warps=nw, num_stages=ns)
+                                                          init_offset, per, cap, P, 0, BLOCK_N=128, BLOCK_K=64,
+                                                          BLOCK_D=32, num_warps=4, num_stages=1, **mr)
                 try:
                     ta = bench(assign)
                 except Exception as e:  # noqa: BLE001
                     ta = float("nan")
                     print(f"assign bn{bn} w{nw} s{ns} d{bd}: {type(e).__name__}")
                 try:
-                    ts = bench(sums)
+                    ts = 0.0 if fused else bench(sums)
                 except Exception as e:  # noqa: BLE001
                     ts = float("nan")
                     print(f"sums bn{bn} w{nw} s{ns} d{bd}: {type(e).__name__}")
-                rows.append((ta, ts, f"cps{ctas_per_sm} P{P} bn{bn} w{nw} s{ns} d{bd}"))
+                rows.append((ta, ts, f"cps{ctas_per_sm} P{P} bn{bn} w{nw} s{ns} d{bd} maxnreg{maxnreg}"))
         print(f"== B={B} H_kv={H_kv} S={S} M={M} bits={bits} (G={G})", flush=True)
-        for name, idx in (("assign", 0), ("sums", 1)):
+        rows = [(r[0] + r[1], r[0], r[1], r[2]) for r in rows]
+        for name, idx in (("assign+sums", 0), ("assign", 1), ("sums", 2)):
             best = sorted(rows, key=lambda r: r[idx])[:6]
             for r in best:
-                print(f"  {name:6s} {r[idx]:8.1f} us  {r[2]}")
-            dflt = [r for r in rows if r[2].endswith("bn128 w8 s1 d32") and r[2].startswith("cps2")]
-            if dflt:
-                print(f"  {name:6s} {dflt[0][idx]:8.1f} us  (current default: {dflt[0][2]})")
+                print(f"  {name:11s} {r[idx]:8.1f} us  {r[3]}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from interp_check import Arr  # noqa: E402
-from pq_kmeans import (BLOCKS, pq_km_assign_kernel, pq_km_init_kernel, pq_km_prep_kernel,  # noqa: E402
+
+#: the assign variant's member-sums tile (pq_kmeans.py's declaration)
+ASSIGN_SUM_D = 64
+from pq_kmeans import (BLOCKS, pq_km_assign_kernel, pq_km_init_kernel, pq_km_pack_kernel,  # noqa: E402
+                       pq_km_prep_kernel,
                        pq_km_sums_kernel, pq_km_update_kernel)
 
 
@@ -36,7 +40,9 @@ def cdiv(a, b):
 
 
 def run_gpu_sequence(key, B, H_kv, S, D, M, bits, init_offset, iters, metric_ip, idx, parts):
-    """The kernels in launch order; returns (centroids, codes [G, n], phi, iters, bad)."""
+    """The kernels in launch order (the member sums fused into the assignment where one
+    tile holds every cluster and coordinate, as src/pq/prefill/gpu.rs does); returns
+    (centroids, codes [G, n], phi, iters, bad)."""
     K = 1 << bits
     d_s = D // M
     d_c = d_s + metric_ip
@@ -57,20 +63,36 @@ def run_gpu_sequence(key, B, H_kv, S, D, M, bits, init_offset, iters, metric_ip,
     done = Arr(np.zeros(G, np.int32))
     it_out = Arr(np.zeros(G, np.int32))
     idxa = Arr(np.zeros((G, K), np.int32) if idx is None else idx.astype(np.int32))
-    strides = (H_kv * S * D, S * D, D)
+    strides = (H_kv * S * D, S * D, D, d_s)
+    pos0 = init_offset
+    if d_s % 16:
+        # keys the kernels cannot take as they are: packed, each subvector zero-padded to
+        # a multiple of 16 (as src/pq/prefill/gpu.rs does)
+        d_pad = cdiv(d_s, 16) * 16
+        packed = Arr(np.full((B, H_kv, n, M, d_pad), 77, key.dtype))
+        pq_km_pack_kernel[(cdiv(n, 64), B * H_kv)](k, packed, H_kv * S * D, S * D, D, H_kv, M, d_s, d_pad, n,
+                                                   init_offset, BLOCK_N=64, BLOCK_D=32)
+        k = packed
+        strides = (H_kv * n * M * d_pad, n * M * d_pad, M * d_pad, d_pad)
+        pos0 = 0
+    init_offset = pos0
     pq_km_prep_kernel[(P, G)](k, phi, bad, *strides, H_kv, M, d_s, n, init_offset, per, metric_ip, BLOCK_N=64,
                               BLOCK_D=32)
     pq_km_init_kernel[(cdiv(K, 64), G)](k, cent, phi, idxa, *strides, H_kv, M, K, d_s, n, init_offset,
                                         int(idx is not None), metric_ip, BLOCK_K=64, BLOCK_D=32)
+    ablocks = dict(BLOCKS, SUM_D=ASSIGN_SUM_D)
+    fused = K <= ablocks["BLOCK_K"] and d_s <= ablocks["SUM_D"]
     for it in range(iters):
-        pq_km_assign_kernel[(P, G)](k, cent, phi, codes, chg, done, *strides, H_kv, M, K, d_s, n, init_offset, per, cap,
-                                    it, 0, metric_ip, **BLOCKS)
-        pq_km_sums_kernel[(P, cdiv(K, BLOCKS["BLOCK_K"]), G)](k, phi, codes, part, cnt, done, *strides, H_kv, M, K, d_s,
-                                                             n, init_offset, per, cap, P, metric_ip, **BLOCKS)
+        pq_km_assign_kernel[(P, G)](k, cent, phi, codes, part, cnt, chg, done, *strides, H_kv, M, K, d_s, n, init_offset,
+                                    per, cap, P, it, 0, metric_ip, **ablocks)
+        if not fused:
+            pq_km_sums_kernel[(P, cdiv(K, BLOCKS["BLOCK_K"]), G)](k, phi, codes, part, cnt, done, *strides, H_kv, M, K,
+                                                                 d_s, n, init_offset, per, cap, P, metric_ip,
+                                                                 **dict(BLOCKS, BLOCK_D=64))
         pq_km_update_kernel[(cdiv(K * d_c, 128), G)](cent, part, cnt, chg, done, it_out, K, d_s, P, it, metric_ip,
                                                      BLOCK_E=128)
-    pq_km_assign_kernel[(P, G)](k, cent, phi, codes, chg, done, *strides, H_kv, M, K, d_s, n, init_offset, per, cap,
-                                iters, 1, metric_ip, **BLOCKS)
+    pq_km_assign_kernel[(P, G)](k, cent, phi, codes, part, cnt, chg, done, *strides, H_kv, M, K, d_s, n, init_offset,
+                                per, cap, P, iters, 1, metric_ip, **ablocks)
     return cent.a, codes.a[:, :n], phi.a, it_out.a, int(bad.a[0])
 
 
@@ -194,6 +216,9 @@ def main():
         ("random euclidean K=128 (two cluster tiles), n=K", 1, 1, 64 + 128, 16, 1, 7, 64, 3, 0, False, False, 1),
         ("random euclidean d_s=48 (two d tiles)", 1, 1, 260, 96, 2, 7, 2, 3, 0, False, False, 2),
         ("fp16 keys ip M2 b5", 1, 1, 300, 16, 2, 5, 0, 3, 1, False, False, 2),
+        ("random ip d_s=96 bits5 (member sums not fused)", 1, 1, 300, 96, 1, 5, 0, 3, 1, False, False, 2),
+        ("random ip D=40 M=2 (d_s=20: packed keys)", 1, 2, 290, 40, 2, 4, 9, 3, 1, False, False, 2),
+        ("separated euclidean D=24 M=1 (packed keys)", 1, 1, 260, 24, 1, 3, 4, 4, 0, True, False, 2),
     ]
     if args.quick:
         cases = cases[:3]

@@ -12,6 +12,11 @@ centroids f32 ``[G, K, d_c]`` (= ``[B, H_kv, M, K, d_c]``), phi f32 ``[G]``, cod
 ``[G, cap]`` (the decode indexer's own state layout ``[B, H_kv, M, cap]``), partial sums
 f32 ``[G, P, K, d_c]`` and counts i32 ``[G, P, K]`` (P: parts per group, one CTA each).
 
+The key kernels are compiled assuming the key view's address, its strides, the
+subvector stride ``k_sm`` and ``d_s`` are multiples of 16 elements (vector loads); keys
+that are not are first copied by ``pq_km_pack`` into ``[B, H_kv, n, M, d_pad]`` with
+``d_pad = roundup(d_s, 16)``, zero-padded.
+
 Kernels, launched in this order by ``src/pq/prefill/gpu.rs`` on one stream:
 
 * ``pq_km_prep``: grid ``(P, G)``. Counts non-finite key values (``bad``, i32, added
@@ -24,6 +29,9 @@ Kernels, launched in this order by ``src/pq/prefill/gpu.rs`` on one stream:
   Assigns each key to its nearest centroid (lowest k on ties), writes the codes and,
   unless ``final``, counts the keys whose code changed (``chg[it % 2, gi]``; every key
   on iteration 0). A group whose ``done`` flag is set returns at once (unless ``final``).
+  Where ``K <= BLOCK_K`` and ``d_s <= BLOCK_D`` it also writes the part's member sums
+  (as ``pq_km_sums`` would, from the codes and keys it already holds), and the host
+  skips ``pq_km_sums``.
 * ``pq_km_sums``: grid ``(P, cdiv(K, BLOCK_K), G)``: part ``p``'s member counts and
   sums for one tile of clusters (``onehot^T @ x`` over the part's keys), and the ip
   augmentation's sums.
@@ -60,48 +68,72 @@ def _group(gi, H_kv, M):
 
 
 @triton.jit
-def _load_raw(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D: tl.constexpr):
+def _load_raw(k_ptr, kbase, offs_j, jmask, k_ss, d0, width, BLOCK_D: tl.constexpr):
     """Keys ``offs_j`` (positions relative to ``kbase``), coordinates ``d0 .. d0+BLOCK_D``
     of the subvector, in the keys' dtype ``[len(offs_j), BLOCK_D]``; 0 outside ``jmask`` /
-    ``d_s``."""
+    ``width``. The kernels pass ``width = k_sm`` (a multiple of 16, so the loads are
+    vectors): ``d_s`` itself, or the zero-padded width of packed keys."""
     offs_d = d0 + tl.arange(0, BLOCK_D)
     return tl.load(k_ptr + kbase + offs_j[:, None] * k_ss + offs_d[None, :],
-                   mask=jmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
+                   mask=jmask[:, None] & (offs_d < width)[None, :], other=0.0)
 
 
 @triton.jit
-def _load_sub(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D: tl.constexpr):
+def _load_sub(k_ptr, kbase, offs_j, jmask, k_ss, d0, width, BLOCK_D: tl.constexpr):
     """:func:`_load_raw` as f32."""
-    return _load_raw(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D).to(tl.float32)
+    return _load_raw(k_ptr, kbase, offs_j, jmask, k_ss, d0, width, BLOCK_D).to(tl.float32)
 
 
 @triton.jit
-def _sq_norms(k_ptr, kbase, offs_j, jmask, k_ss, d_s, BLOCK_D: tl.constexpr):
-    """``||x_j||^2`` (f32, rounded products) of keys ``offs_j``."""
+def _sq_norms(k_ptr, kbase, offs_j, jmask, k_ss, width, BLOCK_D: tl.constexpr):
+    """``||x_j||^2`` (f32, rounded products) of keys ``offs_j`` (coordinates past ``d_s``
+    up to ``width`` are zero)."""
     acc = tl.zeros([offs_j.shape[0], BLOCK_D], tl.float32)
-    for d0 in range(0, d_s, BLOCK_D):
-        x = _load_sub(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D)
+    for d0 in range(0, width, BLOCK_D):
+        x = _load_sub(k_ptr, kbase, offs_j, jmask, k_ss, d0, width, BLOCK_D)
         acc += _mul_rn(x, x)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
-def _aug(k_ptr, kbase, offs_j, jmask, k_ss, d_s, phi, metric_ip, BLOCK_D: tl.constexpr):
+def _aug(k_ptr, kbase, offs_j, jmask, k_ss, width, phi, metric_ip, BLOCK_D: tl.constexpr):
     """The ip augmentation ``sqrt(max(0, phi - ||x_j||^2))`` (0 for euclidean)."""
     a = tl.zeros([offs_j.shape[0]], tl.float32)
     if metric_ip != 0:
-        a = tl.sqrt_rn(tl.maximum(phi - _sq_norms(k_ptr, kbase, offs_j, jmask, k_ss, d_s, BLOCK_D), 0.0))
+        a = tl.sqrt_rn(tl.maximum(phi - _sq_norms(k_ptr, kbase, offs_j, jmask, k_ss, width, BLOCK_D), 0.0))
     return a
 
 
 @triton.jit
-def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, k_sb, k_sh, k_ss, H_kv, M, d_s, n, pos0, per, metric_ip,
+def pq_km_pack_kernel(src_ptr, dst_ptr, k_sb, k_sh, k_ss, H_kv, M, d_s, d_pad, n, pos0, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    """``dst[b, g, j, m, :d_pad] = src[b, g, pos0 + j, m*d_s : (m+1)*d_s]``, zero-padded:
+    keys whose view the other kernels cannot take as it is (an address, a stride or
+    ``d_s`` not a multiple of 16 elements) in an aligned layout. Grid
+    ``(cdiv(n, BLOCK_N), B*H_kv)``."""
+    t = tl.program_id(0)
+    bg = tl.program_id(1)
+    b = bg // H_kv
+    g = bg % H_kv
+    offs_j = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    jmask = offs_j < n
+    src = src_ptr + b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + (pos0 + offs_j).to(tl.int64)[:, None] * k_ss
+    dst = dst_ptr + (bg.to(tl.int64) * n + offs_j.to(tl.int64))[:, None] * (M * d_pad)
+    for m in range(M):
+        for d0 in range(0, d_pad, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            v = tl.load(src + m * d_s + offs_d[None, :], mask=jmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
+            tl.store(dst + m * d_pad + offs_d[None, :], v, mask=jmask[:, None] & (offs_d < d_pad)[None, :])
+
+
+@triton.jit
+def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, k_sb, k_sh, k_ss, k_sm, H_kv, M, d_s, n, pos0, per, metric_ip,
                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Non-finite count and (ip) ``phi[gi] = max_j ||x_j||^2``. Grid ``(P, G)``."""
     p = tl.program_id(0)
     gi = tl.program_id(1)
     b, g, m = _group(gi, H_kv, M)
-    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * k_sm
     j0 = p * per
     j1 = tl.minimum(n, j0 + per)
     mx = tl.zeros([BLOCK_N], tl.float32)
@@ -111,7 +143,7 @@ def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, k_sb, k_sh, k_ss, H_kv, M, d_s, n
         jmask = offs_j < j1
         acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         for d0 in range(0, d_s, BLOCK_D):
-            x = _load_sub(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, d_s, BLOCK_D)
+            x = _load_sub(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
             nbad += (tl.abs(x) == float("inf")).to(tl.int32) + (x != x).to(tl.int32)
             acc += _mul_rn(x, x)
         mx = tl.maximum(mx, tl.where(jmask, tl.sum(acc, axis=1), 0.0))
@@ -123,14 +155,14 @@ def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, k_sb, k_sh, k_ss, H_kv, M, d_s, n
 
 
 @triton.jit
-def pq_km_init_kernel(k_ptr, cent_ptr, phi_ptr, idx_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, n, pos0, use_idx,
+def pq_km_init_kernel(k_ptr, cent_ptr, phi_ptr, idx_ptr, k_sb, k_sh, k_ss, k_sm, H_kv, M, K, d_s, n, pos0, use_idx,
                       metric_ip, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """``c_k = x_{idx_k}`` (strided ``floor(k*n/K)`` or ``idx[gi, k]``), ip: with its
     augmentation. Grid ``(cdiv(K, BLOCK_K), G)``."""
     kt = tl.program_id(0)
     gi = tl.program_id(1)
     b, g, m = _group(gi, H_kv, M)
-    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * k_sm
     d_c = d_s + metric_ip
     offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
     kmask = offs_k < K
@@ -140,12 +172,12 @@ def pq_km_init_kernel(k_ptr, cent_ptr, phi_ptr, idx_ptr, k_sb, k_sh, k_ss, H_kv,
         j = offs_k.to(tl.int64) * n // K
     cbase = cent_ptr + gi.to(tl.int64) * K * d_c + offs_k[:, None].to(tl.int64) * d_c
     for d0 in range(0, d_s, BLOCK_D):
-        x = _load_sub(k_ptr, kbase, j, kmask, k_ss, d0, d_s, BLOCK_D)
+        x = _load_sub(k_ptr, kbase, j, kmask, k_ss, d0, k_sm, BLOCK_D)
         offs_d = d0 + tl.arange(0, BLOCK_D)
         tl.store(cbase + offs_d[None, :], x, mask=kmask[:, None] & (offs_d < d_s)[None, :])
     if metric_ip != 0:
         phi = tl.load(phi_ptr + gi)
-        a = _aug(k_ptr, kbase, j, kmask, k_ss, d_s, phi, metric_ip, BLOCK_D)
+        a = _aug(k_ptr, kbase, j, kmask, k_ss, k_sm, phi, metric_ip, BLOCK_D)
         tl.store(cent_ptr + gi.to(tl.int64) * K * d_c + offs_k.to(tl.int64) * d_c + d_s, a, mask=kmask)
 
 
@@ -181,11 +213,14 @@ def _dot_members(hit, x, acc):
 
 
 @triton.jit
-def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, chg_ptr, done_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s,
-                        n, pos0, per, cap, it, final, metric_ip, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
+def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, chg_ptr, done_ptr, k_sb, k_sh,
+                        k_ss, k_sm, H_kv, M, K, d_s, n, pos0, per, cap, P, it, final, metric_ip, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, SUM_D: tl.constexpr):
     """Codes of part ``p``'s keys against the current centroids and, unless ``final``,
-    how many changed. Grid ``(P, G)``."""
+    how many changed. Where one tile holds every cluster and coordinate (``K <= BLOCK_K``,
+    ``d_s <= SUM_D``) it also writes the part's member counts and sums, from the codes
+    and keys it holds, in place of ``pq_km_sums``. Distances go over ``BLOCK_D``
+    coordinates at a time. Grid ``(P, G)``."""
     p = tl.program_id(0)
     gi = tl.program_id(1)
     G = tl.num_programs(1)
@@ -193,7 +228,7 @@ def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, chg_ptr, done_ptr, 
         if tl.load(done_ptr + gi) != 0:
             return
     b, g, m = _group(gi, H_kv, M)
-    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * k_sm
     d_c = d_s + metric_ip
     cgrp = cent_ptr + gi.to(tl.int64) * K * d_c
     crow = codes_ptr + gi.to(tl.int64) * cap
@@ -201,10 +236,16 @@ def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, chg_ptr, done_ptr, 
     j0 = p * per
     j1 = tl.minimum(n, j0 + per)
     nchg = tl.zeros([BLOCK_N], tl.int32)
+    fuse = (final == 0) & (K <= BLOCK_K) & (d_s <= SUM_D)
+    offs_k1 = tl.arange(0, BLOCK_K)
+    offs_d1 = tl.arange(0, SUM_D)
+    acc = tl.zeros([BLOCK_K, SUM_D], tl.float32)
+    cnt = tl.zeros([BLOCK_K], tl.int32)
+    asum = tl.zeros([BLOCK_K], tl.float32)
     for t in range(j0, j1, BLOCK_N):
         offs_j = t + tl.arange(0, BLOCK_N)
         jmask = offs_j < j1
-        a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d_s, phi, metric_ip, BLOCK_D)
+        a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, k_sm, phi, metric_ip, BLOCK_D)
         best_d = tl.full([BLOCK_N], float("inf"), tl.float32)
         best_k = tl.zeros([BLOCK_N], tl.int32)
         for kb in range(0, K, BLOCK_K):
@@ -214,7 +255,7 @@ def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, chg_ptr, done_ptr, 
             cn = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
             for d0 in range(0, d_s, BLOCK_D):
                 offs_d = d0 + tl.arange(0, BLOCK_D)
-                x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, d_s, BLOCK_D)
+                x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
                 c = tl.load(cgrp + offs_k[:, None] * d_c + offs_d[None, :],
                             mask=kmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
                 cn += _mul_rn(c, c)
@@ -236,12 +277,27 @@ def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, chg_ptr, done_ptr, 
             old = tl.load(crow + offs_j, mask=jmask, other=0).to(tl.int32)
             nchg += (jmask & ((old != best_k) | (it == 0))).to(tl.int32)
         tl.store(crow + offs_j, best_k.to(tl.uint8), mask=jmask)
+        if fuse:
+            hit = jmask[:, None] & (best_k[:, None] == offs_k1[None, :])
+            x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, 0, k_sm, SUM_D)
+            acc = _dot_members(hit, x, acc)
+            cnt += tl.sum(hit.to(tl.int32), axis=0)
+            if metric_ip != 0:
+                asum += tl.sum(tl.where(hit, a[:, None], 0.0), axis=0)
     if final == 0:
         tl.atomic_add(chg_ptr + (it % 2) * G + gi, tl.sum(nchg, axis=0), sem="relaxed")
+    if fuse:
+        pbase = (gi.to(tl.int64) * P + p) * K
+        kmask1 = offs_k1 < K
+        tl.store(part_ptr + (pbase + offs_k1[:, None]) * d_c + offs_d1[None, :], acc,
+                 mask=kmask1[:, None] & (offs_d1 < d_s)[None, :])
+        tl.store(cnt_ptr + pbase + offs_k1, cnt, mask=kmask1)
+        if metric_ip != 0:
+            tl.store(part_ptr + (pbase + offs_k1) * d_c + d_s, asum, mask=kmask1)
 
 
 @triton.jit
-def pq_km_sums_kernel(k_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, done_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s,
+def pq_km_sums_kernel(k_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, done_ptr, k_sb, k_sh, k_ss, k_sm, H_kv, M, K, d_s,
                       n, pos0, per, cap, P, metric_ip, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     """Part ``p``'s member counts and sums of clusters ``kt*BLOCK_K ..`` from this
@@ -252,7 +308,7 @@ def pq_km_sums_kernel(k_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, done_ptr, k_
     if tl.load(done_ptr + gi) != 0:
         return
     b, g, m = _group(gi, H_kv, M)
-    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * k_sm
     d_c = d_s + metric_ip
     crow = codes_ptr + gi.to(tl.int64) * cap
     phi = tl.load(phi_ptr + gi * metric_ip)  # euclidean: phi_ptr[0], unused
@@ -270,7 +326,7 @@ def pq_km_sums_kernel(k_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, done_ptr, k_
         hit = jmask[:, None] & (code[:, None] == offs_k[None, :])
         cnt += tl.sum(hit.to(tl.int32), axis=0)
         if metric_ip != 0:
-            a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d_s, phi, metric_ip, BLOCK_D)
+            a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, k_sm, phi, metric_ip, BLOCK_D)
             asum += tl.sum(tl.where(hit, a[:, None], 0.0), axis=0)
     tl.store(cnt_ptr + pbase + offs_k, cnt, mask=kmask)
     if metric_ip != 0:
@@ -283,7 +339,7 @@ def pq_km_sums_kernel(k_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, done_ptr, k_
             jmask = offs_j < j1
             code = tl.load(crow + offs_j, mask=jmask, other=0).to(tl.int32)
             hit = jmask[:, None] & (code[:, None] == offs_k[None, :])
-            x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, d_s, BLOCK_D)
+            x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
             acc = _dot_members(hit, x, acc)
         tl.store(part_ptr + (pbase + offs_k[:, None]) * d_c + offs_d[None, :], acc,
                  mask=kmask[:, None] & (offs_d < d_s)[None, :])
@@ -344,15 +400,21 @@ BLOCKS = {"BLOCK_N": 128, "BLOCK_K": 64, "BLOCK_D": 32}
 
 
 def _key_args(kt):
-    return (ptr("k_ptr", kt, False), )
+    return (ptr("k_ptr", kt), )
 
 
 def _strides():
-    return (i64("k_sb"), i64("k_sh"), i64("k_ss"))
+    return (i64("k_sb", div16=True), i64("k_sh", div16=True), i64("k_ss", div16=True), i32("k_sm", div16=True))
 
 
 KERNELS = []
 for _kt in DTYPES:
+    KERNELS.append(
+        Kernel(name=f"pq_km_pack.k_{_kt}", fn=pq_km_pack_kernel,
+               args=(ptr("src_ptr", _kt, False), ptr("dst_ptr", _kt), i64("k_sb"), i64("k_sh"), i64("k_ss"),
+                     i32("H_kv"), i32("M"), i32("d_s"), i32("d_pad", div16=True), i32("n"), i32("pos0")),
+               fixed={"BLOCK_N": 64, "BLOCK_D": 32},
+               variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
     KERNELS.append(
         Kernel(name=f"pq_km_prep.k_{_kt}", fn=pq_km_prep_kernel,
                args=_key_args(_kt) + (ptr("phi_ptr", "fp32"), ptr("bad_ptr", "i32")) + _strides() +
@@ -369,10 +431,13 @@ for _kt in DTYPES:
     KERNELS.append(
         Kernel(name=f"pq_km_assign.k_{_kt}", fn=pq_km_assign_kernel,
                args=_key_args(_kt) + (ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32"), ptr("codes_ptr", "u8"),
-                                      ptr("chg_ptr", "i32"), ptr("done_ptr", "i32")) + _strides() +
+                                      ptr("part_ptr", "fp32"), ptr("cnt_ptr", "i32"), ptr("chg_ptr", "i32"),
+                                      ptr("done_ptr", "i32")) + _strides() +
                (i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("n"), i32("pos0"), i32("per"),
-                i32("cap", div16=True), i32("it"), i32("final"), i32("metric_ip")),
-               fixed=dict(BLOCKS),
+                i32("cap", div16=True), i32("P"), i32("it"), i32("final"), i32("metric_ip")),
+               # one tile of 64 clusters x 64 coordinates: the member sums fuse into the
+               # assignment for K <= 64, d_s <= 64 (M = 2, bits <= 6 at D = 128)
+               fixed=dict(BLOCKS, SUM_D=64),
                variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
     KERNELS.append(
         Kernel(name=f"pq_km_sums.k_{_kt}", fn=pq_km_sums_kernel,
@@ -380,7 +445,10 @@ for _kt in DTYPES:
                                       ptr("cnt_ptr", "i32"), ptr("done_ptr", "i32")) + _strides() +
                (i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("n"), i32("pos0"), i32("per"),
                 i32("cap", div16=True), i32("P"), i32("metric_ip")),
-               fixed=dict(BLOCKS),
+               fixed=dict(BLOCKS, BLOCK_D=64),
+               # capped at 128 registers: 4 CTAs per SM, 8-18% faster than uncapped on the
+               # H100 (NOTES.md, "prefill kernels: the sweep")
+               maxnreg=128,
                variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
 KERNELS.append(
     Kernel(name="pq_km_update", fn=pq_km_update_kernel,

@@ -412,3 +412,49 @@ fn prefill_refuses_bad_input() {
     let e = res.check_finite().expect_err("non-finite keys refused");
     assert!(e.to_string().contains("non-finite"), "{e}");
 }
+
+#[test]
+fn prefill_packs_keys_it_cannot_read_as_they_are() {
+    let Some(rt) = runtime() else { return };
+    let s0 = seed();
+    // d_s = 40 (D = 80, M = 2): not a multiple of 16, so the keys are packed first
+    let c = cfg(2, 5, Metric::Ip, DType::BF16, 17);
+    let inputs = PrefillInputs::random(&c, shape(1, 2, 1500, 80), s0).expect("inputs");
+    run_case(&rt, "D=80 M=2 (packed keys)", &c, &inputs, false);
+    // a key view one element into its allocation (an engine's view at an odd offset):
+    // packed, with the same result as the aligned view, bit for bit
+    let c = cfg(2, 6, Metric::Euclidean, DType::F16, 8);
+    let sh = shape(1, 2, 1200, 64);
+    let inputs = PrefillInputs::random(&c, sh, s0 + 1).expect("inputs");
+    let stream = rt.device().new_stream().unwrap();
+    let pf = GpuPrefill::new(rt.clone(), &c).unwrap();
+    let keys = DeviceKeys::upload(&stream, &inputs, c.input_dtype).unwrap();
+    let aligned = pf
+        .run(&stream, &c, &sh, keys.view(), None)
+        .unwrap()
+        .to_host()
+        .unwrap();
+    let mut words: Vec<u16> = vec![0x7e00];
+    words.extend(inputs.key.iter().map(|&x| half::f16::from_f32(x).to_bits()));
+    let buf = stream.clone_htod(&words).unwrap();
+    let off = buf.slice(1..);
+    let view = tritonrt::pq::gpu::DeviceTensorRef::new(
+        tritonrt::driver::DeviceBuf::of(&off, &stream),
+        DType::F16,
+        [(2 * 1200 * 64) as i64, (1200 * 64) as i64, 64],
+    )
+    .unwrap();
+    let shifted = pf
+        .run(&stream, &c, &sh, &view, None)
+        .unwrap()
+        .to_host()
+        .unwrap();
+    assert_eq!(
+        aligned.codes, shifted.codes,
+        "codes of the offset view differ"
+    );
+    assert_eq!(
+        aligned.centroids, shifted.centroids,
+        "centroids of the offset view differ"
+    );
+}

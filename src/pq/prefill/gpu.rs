@@ -6,7 +6,9 @@
 //! Launch sequence (one stream, no host synchronization): `pq_km_prep` (non-finite
 //! count, ip: `phi`), `pq_km_init` (strided or host-drawn seeds; a given codebook is
 //! copied instead), then `kmeans_iter` times `pq_km_assign` + `pq_km_sums` +
-//! `pq_km_update` (a group that converged skips the rest through its `done` flag), then
+//! `pq_km_update` (a group that converged skips the rest through its `done` flag; where
+//! one assignment tile holds every cluster and coordinate, `K <= 64` and `d_s <= 64`,
+//! the assignment writes the member sums itself and `pq_km_sums` is not launched), then
 //! a final `pq_km_assign` against the final centroids. Memory: the outputs, plus
 //! per-part sums `f32 [G, P, K, d_c]` with `P` parts per group (about two CTAs per SM
 //! over all groups), so `O(input + output)`.
@@ -27,6 +29,7 @@ use crate::runtime::Runtime;
 /// The prefill's kernels for one key dtype, loaded from a [`Runtime`].
 pub struct GpuPrefill {
     rt: Arc<Runtime>,
+    pack: Arc<Kernel>,
     prep: Arc<Kernel>,
     init: Arc<Kernel>,
     assign: Arc<Kernel>,
@@ -70,6 +73,7 @@ impl GpuPrefill {
     pub fn new(rt: Arc<Runtime>, cfg: &PrefillConfig) -> Result<Self> {
         let kt = dt(cfg.input_dtype);
         Ok(GpuPrefill {
+            pack: rt.default_kernel(&format!("pq_km_pack.k_{kt}"))?,
             prep: rt.default_kernel(&format!("pq_km_prep.k_{kt}"))?,
             init: rt.default_kernel(&format!("pq_km_init.k_{kt}"))?,
             assign: rt.default_kernel(&format!("pq_km_assign.k_{kt}"))?,
@@ -107,6 +111,62 @@ impl GpuPrefill {
         let p = want.min(n.div_ceil(bn)).max(1);
         let per = n.div_ceil(p).div_ceil(bn) * bn;
         Ok((n.div_ceil(per), per))
+    }
+
+    /// The key view the prefill kernels read, with its first clustered position and its
+    /// subvector stride: `key` itself where its address, strides and `d_s` are multiples
+    /// of 16 elements (the kernels load vectors), else a copy packed by `pq_km_pack` into
+    /// `[B, H_kv, n, M, d_pad]` (`d_pad` = `d_s` rounded up to 16, zero-padded), which is
+    /// returned too so it lives until the launches are queued.
+    fn aligned_keys(
+        &self,
+        stream: &Arc<CudaStream>,
+        cfg: &PrefillConfig,
+        shape: &PrefillShape,
+        key: &DeviceTensorRef,
+    ) -> Result<(DeviceTensorRef, usize, usize, Option<DevBuf<u8>>)> {
+        let (m, d_s, n) = (cfg.m(), cfg.d_sub(shape.d), cfg.n(shape.s));
+        let st = key.strides();
+        if key.buf().addr().is_multiple_of(16)
+            && st.iter().all(|s| s % 16 == 0)
+            && d_s.is_multiple_of(16)
+        {
+            return Ok((*key, cfg.init_offset, d_s, None));
+        }
+        let d_pad = d_s.div_ceil(16) * 16;
+        let elems = shape.b * shape.h_kv * n * m * d_pad;
+        let mut packed: DevBuf<u8> = DevBuf::new();
+        packed.ensure(stream, elems * cfg.input_dtype.size_bytes())?;
+        let dst = packed.buf().as_dtype(cfg.input_dtype.triton());
+        let named = [
+            ("src_ptr", KernelArg::Buf(key.buf())),
+            ("dst_ptr", KernelArg::Buf(dst)),
+            ("k_sb", KernelArg::I64(st[0])),
+            ("k_sh", KernelArg::I64(st[1])),
+            ("k_ss", KernelArg::I64(st[2])),
+            ("H_kv", i32_arg("H_kv", shape.h_kv)?),
+            ("M", i32_arg("M", m)?),
+            ("d_s", i32_arg("d_s", d_s)?),
+            ("d_pad", i32_arg("d_pad", d_pad)?),
+            ("n", i32_arg("n", n)?),
+            ("pos0", i32_arg("init_offset", cfg.init_offset)?),
+        ];
+        let args = self.order.args(&self.pack, &named, false)?;
+        let block = constexpr_usize(&self.pack, "BLOCK_N")?;
+        // Bounds: the key view's extent was checked against the shape; the kernel reads
+        // positions init_offset .. S of it and writes `elems` elements of `packed`.
+        self.pack.launch(
+            stream,
+            [n.div_ceil(block) as u32, (shape.b * shape.h_kv) as u32, 1],
+            &args,
+        )?;
+        let row = (m * d_pad) as i64;
+        let view = DeviceTensorRef::new(
+            dst,
+            cfg.input_dtype,
+            [shape.h_kv as i64 * n as i64 * row, n as i64 * row, row],
+        )?;
+        Ok((view, 0, d_pad, Some(packed)))
     }
 
     /// Build the codebook of `key` (`[B, H_kv, S, D]` of `cfg.input_dtype`, strides of
@@ -212,10 +272,11 @@ impl GpuPrefill {
         let buf_i32 = |s: &CudaSlice<i32>| DeviceBuf::of(s, stream);
         let cent_b = buf_f32(&centroids);
         let phi_b = buf_f32(&phi);
+        let (view, pos0, k_sm, packed) = self.aligned_keys(stream, cfg, shape, key)?;
         let common = |named: &mut Vec<(&'static str, KernelArg)>| -> Result<()> {
-            let st = key.strides();
+            let st = view.strides();
             named.extend([
-                ("k_ptr", KernelArg::Buf(key.buf())),
+                ("k_ptr", KernelArg::Buf(view.buf())),
                 ("k_sb", KernelArg::I64(st[0])),
                 ("k_sh", KernelArg::I64(st[1])),
                 ("k_ss", KernelArg::I64(st[2])),
@@ -224,7 +285,8 @@ impl GpuPrefill {
                 ("K", i32_arg("K", k)?),
                 ("d_s", i32_arg("d_s", d_s)?),
                 ("n", i32_arg("n", n)?),
-                ("pos0", i32_arg("init_offset", cfg.init_offset)?),
+                ("pos0", i32_arg("init_offset", pos0)?),
+                ("k_sm", i32_arg("k_sm", k_sm)?),
                 ("per", i32_arg("per", per)?),
                 ("cap", i32_arg("cap", cap)?),
                 ("P", i32_arg("P", parts)?),
@@ -273,6 +335,10 @@ impl GpuPrefill {
             )?;
         }
         let assign_grid = [parts as u32, g32, 1];
+        // one assignment tile holds every cluster and coordinate: the assignment writes
+        // the member sums itself (pq_kmeans.py, pq_km_assign)
+        let fused = k <= constexpr_usize(&self.assign, "BLOCK_K")?
+            && d_s <= constexpr_usize(&self.assign, "SUM_D")?;
         for it in 0..cfg.kmeans_iter {
             let it_arg = ("it", i32_arg("kmeans_iter", it)?);
             launch(
@@ -280,7 +346,9 @@ impl GpuPrefill {
                 assign_grid,
                 &[it_arg, ("final", KernelArg::I32(0))],
             )?;
-            launch(&self.sums, [parts as u32, k_tiles(&self.sums)?, g32], &[])?;
+            if !fused {
+                launch(&self.sums, [parts as u32, k_tiles(&self.sums)?, g32], &[])?;
+            }
             let e_tiles = (k * d_c).div_ceil(constexpr_usize(&self.update, "BLOCK_E")?) as u32;
             launch(&self.update, [e_tiles, g32, 1], &[it_arg])?;
         }
@@ -293,7 +361,7 @@ impl GpuPrefill {
             ],
         )?;
         // the scratch is freed in stream order after the work above
-        drop((part, cnt, chg, done, idx));
+        drop((part, cnt, chg, done, idx, packed));
         Ok(PrefillResult {
             stream: stream.clone(),
             cfg: *cfg,
