@@ -59,6 +59,17 @@ pub struct PrefillResult {
     export: Arc<Kernel>,
 }
 
+/// CTAs of `k` one SM holds at once, from its registers per thread, warps and shared
+/// memory (sm_80/sm_90 limits: 64 Ki registers allocated per warp in units of 256, 64
+/// warps, 32 CTAs and 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA).
+fn resident_ctas(k: &Kernel) -> usize {
+    let warps = k.variant().num_warps.max(1) as usize;
+    let regs_per_warp = (k.num_regs().max(1) as usize * 32).div_ceil(256) * 256;
+    let by_regs = 65536 / (regs_per_warp * warps);
+    let by_smem = (228 * 1024) / (k.variant().shared as usize + 1024);
+    by_regs.min(by_smem).min(64 / warps).clamp(1, 32)
+}
+
 /// Keys per assignment tile (`BLOCK_N` of `pq_km_assign`, which the parts are
 /// multiples of).
 fn block_n(k: &Kernel) -> Result<usize> {
@@ -101,14 +112,15 @@ impl GpuPrefill {
         ]
     }
 
-    /// Parts per group `P` and keys per part for `n` keys in `groups` groups: about four
-    /// assignment CTAs per SM over all groups (four 4-warp CTAs fit an SM; measured on
-    /// the H100, NOTES.md "prefill kernels: the sweep"), each part a multiple of the tile.
+    /// Parts per group `P` and keys per part for `n` keys in `groups` groups: the
+    /// assignment's CTAs (one per part and group) fill the SMs in whole waves, since every
+    /// CTA does the same work and a last partial wave would leave SMs idle (H100: the
+    /// 4-CTAs-per-SM choice left 2.2 waves of work in 3 at H_kv=32; NOTES.md, "prefill
+    /// kernels"). Each part is a multiple of the assignment tile.
     fn parts(&self, n: usize, groups: usize) -> Result<(usize, usize)> {
         let bn = block_n(&self.assign)?;
-        let sms = self.rt.device().sm_count() as usize;
-        let want = (4 * sms).div_ceil(groups.max(1)).max(1);
-        let p = want.min(n.div_ceil(bn)).max(1);
+        let slots = resident_ctas(&self.assign) * self.rt.device().sm_count() as usize;
+        let p = (slots / groups.max(1)).clamp(1, n.div_ceil(bn).max(1));
         let per = n.div_ceil(p).div_ceil(bn) * bn;
         Ok((n.div_ceil(per), per))
     }
