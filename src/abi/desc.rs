@@ -296,7 +296,7 @@ pub(crate) fn pack_desc(
                     t.dtype.name()
                 ));
             }
-            if d.base.addr() % 16 != 0 {
+            if !d.base.addr().is_multiple_of(16) {
                 return Err(format!(
                     "the buffer address {:#x} is not 16-byte aligned (TMA requires it)",
                     d.base.addr()
@@ -312,10 +312,10 @@ pub(crate) fn pack_desc(
                 swizzle: m.swizzle,
                 oob_nan: d.nan_padding,
             };
-            for i in 0..n {
-                e.global_dim[n - 1 - i] = shape[i] as u64;
-                e.box_dim[n - 1 - i] = m.block_size[i];
-                if m.block_size[i] == 0 || m.block_size[i] > 256 {
+            for (i, (&s, &b)) in shape.iter().zip(&m.block_size).enumerate() {
+                e.global_dim[n - 1 - i] = s as u64;
+                e.box_dim[n - 1 - i] = b;
+                if b == 0 || b > 256 {
                     return Err(format!(
                         "tensordesc_meta block_size {:?}: each box dimension must be 1 to 256",
                         m.block_size
@@ -324,7 +324,7 @@ pub(crate) fn pack_desc(
             }
             for i in 0..n - 1 {
                 let bytes = strides[i] as u64 * elem;
-                if bytes % 16 != 0 {
+                if !bytes.is_multiple_of(16) {
                     return Err(format!(
                         "strides {strides:?}: stride {} of dimension {i} is {bytes} bytes, \
                          not a multiple of 16 (TMA requires it)",

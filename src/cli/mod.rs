@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod autotune;
 mod bench;
 mod core_cmds;
+mod launch;
 mod run;
 
 /// Exit code: success.
@@ -45,6 +46,10 @@ pub enum Command {
     /// Add one entry of Triton's own cache directory (`~/.triton/cache/<hash>/`) to a
     /// ptx_cache.
     Import(core_cmds::ImportArgs),
+    /// Launch one kernel variant of a ptx_cache: tensors from a safetensors file by
+    /// argument name, scalars and the grid from flags, named outputs written to a
+    /// safetensors file; `--repeat N` prints the median GPU time.
+    Launch(launch::LaunchArgs),
 }
 
 /// Parse the command line, run the subcommand, print errors, and return the exit code.
@@ -58,6 +63,7 @@ pub fn main() -> i32 {
         Command::Inspect(a) => core_cmds::inspect(a),
         Command::Verify(a) => core_cmds::verify(a),
         Command::Import(a) => core_cmds::import(a),
+        Command::Launch(a) => launch::launch(a),
     };
     match result {
         Ok(code) => code,
