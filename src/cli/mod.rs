@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod autotune;
 mod bench;
+mod build;
 mod core_cmds;
 mod launch;
 mod run;
@@ -50,6 +51,9 @@ pub enum Command {
     /// argument name, scalars and the grid from flags, named outputs written to a
     /// safetensors file; `--repeat N` prints the median GPU time.
     Launch(launch::LaunchArgs),
+    /// AOT-compile a Triton source file into a ptx_cache from a variant spec (kernel,
+    /// signature with specializations, constexprs, warps, stages, archs); no GPU needed.
+    Build(build::BuildArgs),
 }
 
 /// Parse the command line, run the subcommand, print errors, and return the exit code.
@@ -64,6 +68,7 @@ pub fn main() -> i32 {
         Command::Verify(a) => core_cmds::verify(a),
         Command::Import(a) => core_cmds::import(a),
         Command::Launch(a) => launch::launch(a),
+        Command::Build(a) => build::build(a),
     };
     match result {
         Ok(code) => code,
