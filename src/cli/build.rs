@@ -176,3 +176,39 @@ pub fn build(a: BuildArgs) -> anyhow::Result<i32> {
     }
     Ok(EXIT_OK)
 }
+
+/// Arguments of `tritonrt bindgen`: write typed Rust launchers for the kernels of a
+/// ptx_cache, one function per logical kernel whose parameters carry the signature's
+/// types (`&impl DevicePtr<f16>` for `*fp16`, `i32`, `half::bf16`, `TensorDescArg`,
+/// ...); divisibility and descriptor checks happen at launch. The text can be
+/// `include!`d or written to a module; a `build.rs` calls
+/// `tritonrt::bindgen::write_bindings` instead.
+#[derive(Debug, clap::Args)]
+pub struct BindgenArgs {
+    #[command(flatten)]
+    pub ptx: crate::cli::core_cmds::PtxCacheArg,
+    /// The Rust file to write (rewritten only when its text changes); default: stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// `tritonrt bindgen`.
+pub fn bindgen(a: BindgenArgs) -> anyhow::Result<i32> {
+    match &a.out {
+        Some(out) => {
+            tritonrt::bindgen::write_bindings(&a.ptx.ptx_cache, out)?;
+            eprintln!("wrote {}", out.display());
+        }
+        None => {
+            let store = ArtifactStore::open(&a.ptx.ptx_cache)
+                .with_context(|| format!("opening ptx_cache {}", a.ptx.ptx_cache.display()))?;
+            let text = tritonrt::bindgen::generate(
+                store.manifest(),
+                &store.manifest_path().display().to_string(),
+            )
+            .map_err(anyhow::Error::msg)?;
+            print!("{text}");
+        }
+    }
+    Ok(EXIT_OK)
+}

@@ -54,6 +54,9 @@ pub enum Command {
     /// AOT-compile a Triton source file into a ptx_cache from a variant spec (kernel,
     /// signature with specializations, constexprs, warps, stages, archs); no GPU needed.
     Build(build::BuildArgs),
+    /// Write typed Rust launchers (one function per kernel) for the kernels of a
+    /// ptx_cache.
+    Bindgen(build::BindgenArgs),
 }
 
 /// Parse the command line, run the subcommand, print errors, and return the exit code.
@@ -69,6 +72,7 @@ pub fn main() -> i32 {
         Command::Import(a) => core_cmds::import(a),
         Command::Launch(a) => launch::launch(a),
         Command::Build(a) => build::build(a),
+        Command::Bindgen(a) => build::bindgen(a),
     };
     match result {
         Ok(code) => code,
