@@ -27,7 +27,8 @@ use crate::artifact::{Arg, ArgType, ArtifactStore, Dtype, Manifest};
 use crate::error::Result;
 
 /// The Rust element type a `*dtype` pointer argument takes (`CudaSlice` / `CudaView` of
-/// it), and the dtype to view it as when that differs (`*i1` and fp8 take bytes).
+/// it), and the dtype to view it as when that differs (`*i1` and fp8 take bytes, fp16 and
+/// bf16 their `u16` bits).
 fn elem_type(d: Dtype) -> (&'static str, Option<&'static str>) {
     match d {
         Dtype::I1 => ("u8", Some("I1")),
@@ -39,8 +40,10 @@ fn elem_type(d: Dtype) -> (&'static str, Option<&'static str>) {
         Dtype::U16 => ("u16", None),
         Dtype::U32 => ("u32", None),
         Dtype::U64 => ("u64", None),
-        Dtype::Fp16 => ("tritonrt::half::f16", None),
-        Dtype::Bf16 => ("tritonrt::half::bf16", None),
+        // fp16 / bf16 buffers are `u16` bit patterns: this crate builds cudarc without its
+        // `f16` feature (it would pull rand into the library), so no `CudaSlice<f16>`.
+        Dtype::Fp16 => ("u16", Some("Fp16")),
+        Dtype::Bf16 => ("u16", Some("Bf16")),
         Dtype::Fp32 => ("f32", None),
         Dtype::Fp64 => ("f64", None),
         Dtype::Fp8E4Nv => ("u8", Some("Fp8E4Nv")),
@@ -163,8 +166,13 @@ fn write_kernel(out: &mut String, name: &str, f: &str, sig: &[Arg], ids: &[Strin
                 );
                 let _ = writeln!(
                     docs,
-                    "/// - `{n}`: `{}`, device memory of `{t}`{}",
+                    "/// - `{n}`: `{}`, device memory of `{t}`{}{}",
                     a.ty,
+                    if view.is_some() && t == "u16" {
+                        " (the values' bits)"
+                    } else {
+                        ""
+                    },
                     if div.is_empty() {
                         String::new()
                     } else {

@@ -3,6 +3,9 @@
 //! file is compiled here (`include!`), so the generator's output is known to type-check.
 //! Regenerate the golden file with `TRITONRT_BLESS=1 cargo test --release --test core_bindgen`.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use tritonrt::artifact::{import_triton_cache_entry, ArtifactStore};
@@ -15,7 +18,9 @@ mod golden {
 }
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    std::env::var_os("TRITONRT_TEST_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }
 
 /// The fixture ptx_cache (axpy, fp32) plus the imported argument-kind kernels.
@@ -100,6 +105,109 @@ fn kernels_that_collide_as_rust_names_are_refused() {
     let e = generate(&m, "x").unwrap_err();
     assert!(
         e.contains("axpy-kernel") && e.contains("axpy.kernel") && e.contains("axpy_kernel"),
+        "{e}"
+    );
+}
+
+/// The golden launchers on the GPU (sm_90): every scalar kind through `scalars`, host
+/// tensor descriptors through `desc_scale` both as TMA (`sm90` variant) and decomposed
+/// (the portable `sm80` variant, JIT-compiled forward), checked against exact values.
+#[test]
+fn typed_launchers_run_on_the_gpu() {
+    use tritonrt::abi::TensorDescArg;
+    use tritonrt::driver::{Device, DeviceBuf};
+    use tritonrt::half::{bf16, f16};
+    if tritonrt::driver::probe_driver().is_err() {
+        skip!("no CUDA driver");
+        return;
+    }
+    let dev = Device::new(0).unwrap();
+    if dev.arch() != 90 {
+        skip!(
+            "the fixtures' default variants are sm_90a; this GPU is sm_{}",
+            dev.arch()
+        );
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let store = manifest_with_every_kind(t.path());
+    let cache = tritonrt::jit::CubinCache::new(t.path().join("cubins")).unwrap();
+    let rt = tritonrt::runtime::Runtime::new(dev.clone(), store, cache);
+    let stream = dev.new_stream().unwrap();
+
+    // y = x * a + b + c64 + i8v + i16v + i64v + u32v + 1 (flag), exact in fp16.
+    let n = 1000usize;
+    let x: Vec<u16> = (0..n)
+        .map(|i| f16::from_f32((i % 8) as f32).to_bits())
+        .collect();
+    let xd = stream.clone_htod(&x).unwrap();
+    let yd = stream.alloc_zeros::<u16>(n).unwrap();
+    golden::scalars(
+        &rt,
+        &stream,
+        [1, 1, 1],
+        &xd,
+        &yd,
+        f16::from_f32(2.0),
+        bf16::from_f32(0.5),
+        n as i32,
+        true,
+        0.25,
+        -1,
+        2,
+        3,
+        4,
+    )
+    .unwrap();
+    let y = stream.clone_dtoh(&yd).unwrap();
+    for (i, v) in y.iter().enumerate() {
+        let want = 2.0 * (i % 8) as f32 + 9.75;
+        assert_eq!(f16::from_bits(*v).to_f32(), want, "scalars: y[{i}]");
+    }
+
+    // out = in * 2 over 128 x 128 fp16, 64 x 64 blocks: TMA (sm90) and decomposed (sm80).
+    let src: Vec<u16> = (0..128 * 128)
+        .map(|i| f16::from_f32((i % 61) as f32).to_bits())
+        .collect();
+    let sd = stream.clone_htod(&src).unwrap();
+    for id in [None, Some("desc_scale.triton-1fdb00965362b7f0.w4.s3.sm80")] {
+        let od = stream.alloc_zeros::<u16>(128 * 128).unwrap();
+        let desc = |b: DeviceBuf| {
+            TensorDescArg::contiguous(b.as_dtype(tritonrt::artifact::Dtype::Fp16), &[128, 128])
+                .unwrap()
+        };
+        let (i, o) = (
+            desc(DeviceBuf::of(&sd, &stream)),
+            desc(DeviceBuf::of(&od, &stream)),
+        );
+        match id {
+            None => golden::desc_scale(&rt, &stream, [2, 2, 1], i, o, f16::from_f32(2.0)).unwrap(),
+            Some(id) => {
+                let k = rt.kernel(id).unwrap();
+                golden::desc_scale_on(&k, &stream, [2, 2, 1], i, o, f16::from_f32(2.0)).unwrap()
+            }
+        }
+        let out = stream.clone_dtoh(&od).unwrap();
+        for (j, v) in out.iter().enumerate() {
+            let want = 2.0 * (j % 61) as f32;
+            assert_eq!(
+                f16::from_bits(*v).to_f32(),
+                want,
+                "desc_scale {id:?}: out[{j}]"
+            );
+        }
+    }
+    // A variant of another kernel is refused by the typed launcher.
+    let axpy = rt.default_kernel("axpy_kernel").unwrap();
+    let i = TensorDescArg::contiguous(
+        DeviceBuf::of(&sd, &stream).as_dtype(tritonrt::artifact::Dtype::Fp16),
+        &[128, 128],
+    )
+    .unwrap();
+    let e = golden::desc_scale_on(&axpy, &stream, [1, 1, 1], i, i, f16::ONE).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a launcher of desc_scale was given a variant of axpy_kernel"),
         "{e}"
     );
 }
