@@ -503,7 +503,10 @@ def _is_type(t: str) -> bool:
 
 
 def _norm_type(t: str) -> str:
-    """Triton's signature spelling, normalized as the manifest writes it."""
+    """Triton's signature spelling, normalized as the manifest writes it (`u1`, Triton's
+    canonical bool, as `i1`)."""
+    if t in ("u1", "*u1"):
+        return t.replace("u1", "i1")
     m = re.fullmatch(r"tensordesc<(\w+)\[([^\]]*)\]>", t)
     if m:
         dims = [d.strip() for d in m.group(2).split(",")]

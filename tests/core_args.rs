@@ -51,6 +51,9 @@ fn tensordesc_type_parses_and_prints_as_triton_spells_it() {
         ArgType::TensorDesc(DescType::new(Dtype::Fp16, &[64, 64]).unwrap())
     );
     assert_eq!(t.to_string(), "tensordesc<fp16[64, 64]>");
+    // Triton 3.6 spells a bool `u1`; it is the same one-byte i1 parameter.
+    assert_eq!(ArgType::parse("u1").unwrap(), ArgType::Scalar(Dtype::I1));
+    assert_eq!(ArgType::parse("*u1").unwrap().to_string(), "*i1");
     assert_eq!(
         ArgType::parse("tensordesc<bf16[8,16,32]>")
             .unwrap()

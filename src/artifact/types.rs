@@ -226,8 +226,12 @@ impl Dtype {
         }
     }
 
-    /// Parse Triton's spelling; `None` for anything else.
+    /// Parse Triton's spelling; `None` for anything else. `u1` (Triton 3.6's canonical
+    /// name of a bool) is read as `i1`.
     pub fn parse(s: &str) -> Option<Dtype> {
+        if s == "u1" {
+            return Some(Dtype::I1);
+        }
         Dtype::ALL.into_iter().find(|d| d.name() == s)
     }
 
