@@ -260,7 +260,10 @@ pub(crate) fn pack_desc(
                 .and_then(|x| acc.checked_add(x))
         })
         .ok_or_else(|| format!("shape {shape:?} x strides {strides:?} overflows"))?;
-    let need = (last + 1) * elem;
+    let need = last
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(elem))
+        .ok_or_else(|| format!("shape {shape:?} x strides {strides:?} overflows"))?;
     if need > d.base.bytes() as u64 {
         return Err(format!(
             "shape {shape:?} with strides {strides:?} reaches {need} bytes, the buffer has {}",

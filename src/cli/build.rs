@@ -45,7 +45,8 @@ pub struct BuildArgs {
     /// The `@triton.jit` function to compile (with --signature).
     #[arg(long, value_name = "NAME", requires = "signature")]
     pub kernel: Option<String>,
-    /// Its signature, one item per parameter (see above).
+    /// Its signature, one item per parameter, comma-separated: a type with an optional
+    /// `:16` / `:1` hint, or a constexpr value.
     #[arg(long, value_name = "SIG", requires = "kernel")]
     pub signature: Option<String>,
     /// The logical kernel name in the manifest (default: the function's name).
