@@ -179,6 +179,29 @@ fn build_a_user_file_deterministically() {
     let v = &s.all_variants()[0];
     assert_eq!(v.id, "scalars.BLOCK=1024.n=1.w4.s3.sm80");
     assert!(!v.signature.iter().any(|a| a.name == "n"));
+    // A None argument: a constexpr, gone from the launch signature, recorded as null.
+    let none_out = t.path().join("none");
+    let (code, stdout, e) = tritonrt(
+        &[
+            "build",
+            file.to_str().unwrap(),
+            "--out",
+            none_out.to_str().unwrap(),
+            "--kernel",
+            "opt_bias",
+            "--signature",
+            "*fp32:16, None, *fp32:16, i32, 256",
+            "--arch",
+            "90",
+        ],
+        Some(&py),
+    );
+    assert_eq!(code, 0, "{stdout}{e}");
+    let s = ArtifactStore::open(&none_out).unwrap();
+    let v = &s.all_variants()[0];
+    assert_eq!(v.id, "opt_bias.BLOCK=256.bias_ptr=None.w4.s3.sm90");
+    assert_eq!(v.signature_string(), "x_ptr: *fp32, out_ptr: *fp32, n: i32");
+    assert_eq!(v.constexprs["bias_ptr"], serde_json::Value::Null);
     let (code, _, e) = tritonrt(
         &[
             "build",
