@@ -229,6 +229,7 @@ fn write_kernel(out: &mut String, name: &str, f: &str, sig: &[Arg], ids: &[Strin
     let _ = write!(
         out,
         "/// The logical name of kernel `{name}` (variants: {variants}).\n\
+         #[allow(dead_code)]\n\
          pub const {konst}: &str = {name:?};\n\n\
          /// Launch kernel `{name}` (the runtime's default variant for its device) on `stream`\n\
          /// with Triton's program grid `grid`. Arguments:\n\

@@ -211,3 +211,17 @@ fn typed_launchers_run_on_the_gpu() {
         "{e}"
     );
 }
+
+/// `examples/own_kernel/kernels.rs` is what bindgen writes for the example's ptx_cache.
+#[test]
+fn the_example_launchers_are_up_to_date() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let s = ArtifactStore::open(root.join("examples/own_kernel/ptx_cache")).unwrap();
+    let text = generate(s.manifest(), "examples/own_kernel/ptx_cache/manifest.json").unwrap();
+    let have = std::fs::read_to_string(root.join("examples/own_kernel/kernels.rs")).unwrap();
+    assert!(
+        text == have,
+        "examples/own_kernel/kernels.rs is stale: tritonrt bindgen --ptx-cache \
+         examples/own_kernel/ptx_cache --out examples/own_kernel/kernels.rs"
+    );
+}

@@ -221,3 +221,47 @@ fn build_a_user_file_deterministically() {
         "{e}"
     );
 }
+
+/// The example's committed ptx_cache is what `tritonrt build` makes of its source and spec.
+#[test]
+fn the_example_ptx_cache_is_up_to_date() {
+    let Some(py) = python() else {
+        skip!("no Python with triton==3.6.0 (set TRITONRT_PYTHON)");
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let ex = root().join("examples/own_kernel");
+    let out = t.path().join("pc");
+    let (code, stdout, e) = tritonrt(
+        &[
+            "build",
+            ex.join("kernels.py").to_str().unwrap(),
+            "--spec",
+            ex.join("spec.json").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        Some(&py),
+    );
+    assert_eq!(code, 0, "{stdout}{e}");
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let committed = ex.join("ptx_cache");
+    assert_eq!(
+        names(&out),
+        names(&committed),
+        "examples/own_kernel/ptx_cache is stale"
+    );
+    for n in names(&out) {
+        assert!(
+            std::fs::read(out.join(&n)).unwrap() == std::fs::read(committed.join(&n)).unwrap(),
+            "examples/own_kernel/ptx_cache/{n} is stale: rebuild it (examples/own_kernel/kernels.py)"
+        );
+    }
+}
