@@ -7,7 +7,7 @@
 //! checked against exact host values.
 //!
 //! ```sh
-//! cargo run --release --example own_kernel
+//! cargo run --release --example own_kernel [-- PTX_CACHE_DIR]
 //! ```
 //!
 //! Without a GPU it says so and exits 0.
@@ -30,10 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let device = Device::new(0)?;
-    let rt = Runtime::open(
-        device.clone(),
-        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/own_kernel/ptx_cache"),
-    )?;
+    // The example's ptx_cache, or the directory given as the first argument (a copy of it
+    // on another machine).
+    let ptx_cache = std::env::args().nth(1).unwrap_or_else(|| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/own_kernel/ptx_cache").to_string()
+    });
+    let rt = Runtime::open(device.clone(), ptx_cache)?;
     let stream = device.new_stream()?;
 
     // out = 2 x - y over n fp32 values (small integers: exact).

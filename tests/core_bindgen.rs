@@ -225,3 +225,72 @@ fn the_example_launchers_are_up_to_date() {
          examples/own_kernel/ptx_cache --out examples/own_kernel/kernels.rs"
     );
 }
+
+/// A TMA descriptor argument in a captured CUDA graph: the 128-byte parameter is copied at
+/// capture, replayed, then replaced by an in-place node update (new buffers, new scale).
+#[test]
+fn tma_descriptors_in_cuda_graphs() {
+    use tritonrt::abi::{KernelArg, TensorDescArg};
+    use tritonrt::artifact::Dtype;
+    use tritonrt::driver::{Device, DeviceBuf, KernelGraph};
+    use tritonrt::half::f16;
+    if tritonrt::driver::probe_driver().is_err() {
+        skip!("no CUDA driver");
+        return;
+    }
+    let dev = Device::new(0).unwrap();
+    if dev.arch() != 90 {
+        skip!(
+            "the fixtures' default variants are sm_90a; this GPU is sm_{}",
+            dev.arch()
+        );
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let store = manifest_with_every_kind(t.path());
+    let cache = tritonrt::jit::CubinCache::new(t.path().join("cubins")).unwrap();
+    let rt = tritonrt::runtime::Runtime::new(dev.clone(), store, cache);
+    let k = rt.default_kernel("desc_scale").unwrap();
+    assert!(!k.variant().tensordesc_meta.is_empty(), "the TMA variant");
+    let stream = dev.new_stream().unwrap();
+    let src: Vec<u16> = (0..128 * 128)
+        .map(|i| f16::from_f32((i % 31) as f32).to_bits())
+        .collect();
+    let sd = stream.clone_htod(&src).unwrap();
+    let (o1, o2) = (
+        stream.alloc_zeros::<u16>(128 * 128).unwrap(),
+        stream.alloc_zeros::<u16>(128 * 128).unwrap(),
+    );
+    let desc = |b: DeviceBuf| {
+        KernelArg::TensorDesc(
+            TensorDescArg::contiguous(b.as_dtype(Dtype::Fp16), &[128, 128]).unwrap(),
+        )
+    };
+    let args = |o, s: f32| {
+        [
+            desc(DeviceBuf::of(&sd, &stream)),
+            desc(o),
+            KernelArg::F16(f16::from_f32(s)),
+        ]
+    };
+    let mut g = KernelGraph::capture(&stream, |s| {
+        k.launch(s, [2, 2, 1], &args(DeviceBuf::of(&o1, &stream), 2.0))
+    })
+    .unwrap();
+    assert_eq!(g.kernel_nodes(), 1);
+    g.launch().unwrap();
+    g.update(0, &k, [2, 2, 1], &args(DeviceBuf::of(&o2, &stream), 3.0))
+        .unwrap();
+    g.launch().unwrap();
+    stream.synchronize().unwrap();
+    for (o, s) in [(&o1, 2.0f32), (&o2, 3.0)] {
+        let got = stream.clone_dtoh(o).unwrap();
+        for (j, v) in got.iter().enumerate() {
+            assert_eq!(
+                f16::from_bits(*v).to_f32(),
+                s * (j % 31) as f32,
+                "scale {s}: out[{j}]"
+            );
+        }
+    }
+}
