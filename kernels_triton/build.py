@@ -453,6 +453,7 @@ A spec is JSON: {"kernels": [ENTRY, ...]}, each ENTRY one compiled variant per a
                 comma-separated string or a list.
   "num_warps" (4), "num_stages" (3), "num_ctas" (1), "maxnreg" (none),
   "launch_pdl" (false: true compiles for programmatic dependent launch),
+  "launch_cooperative_grid" (false: true launches as a cooperative grid),
   "archs" ([80, 90]): 80 -> portable sm_80 PTX; 90 -> sm_90a PTX + cubin,
   "default" (the first variant of each (name, arch) unless one says true).
 """
@@ -548,7 +549,7 @@ def plan_user(path: Path, spec: dict) -> list:
     for ei, e in enumerate(spec["kernels"]):
         where = f"spec entry {ei}"
         unknown = set(e) - {"kernel", "name", "signature", "num_warps", "num_stages", "num_ctas", "maxnreg",
-                            "launch_pdl", "archs", "default"}
+                            "launch_pdl", "launch_cooperative_grid", "archs", "default"}
         if unknown:
             raise SystemExit(f"error: {where}: unknown keys {sorted(unknown)}\n" + USER_SPEC)
         if "kernel" not in e or "signature" not in e:
@@ -609,6 +610,7 @@ def plan_user(path: Path, spec: dict) -> list:
                 "constexprs": constexprs, "attrs": {str(k[0]): v for k, v in attrs.items()}, "arch": arch,
                 "num_warps": nw, "num_stages": ns, "num_ctas": int(e.get("num_ctas", 1)),
                 "maxnreg": e.get("maxnreg"), "launch_pdl": bool(e.get("launch_pdl", False)),
+                "launch_cooperative_grid": bool(e.get("launch_cooperative_grid", False)),
                 "default": e.get("default"), "id": vid,
             })
     ids = [j["id"] for j in jobs]
@@ -633,7 +635,7 @@ def compile_user_job(job):
     attrs = {(int(k), ): v for k, v in job["attrs"].items()}
     src = ASTSource(fn, dict(job["sig"]), dict(job["constexprs"]), attrs)
     options = {"num_warps": job["num_warps"], "num_stages": job["num_stages"], "num_ctas": job["num_ctas"],
-               "launch_pdl": job["launch_pdl"]}
+               "launch_pdl": job["launch_pdl"], "launch_cooperative_grid": job["launch_cooperative_grid"]}
     if job["maxnreg"]:
         options["maxnreg"] = int(job["maxnreg"])
     t0 = time.time()

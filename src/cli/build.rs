@@ -64,6 +64,9 @@ pub struct BuildArgs {
     /// Compile for programmatic dependent launch (the runtime launches it with PDL).
     #[arg(long)]
     pub pdl: bool,
+    /// Launch as a cooperative grid (every program resident at once).
+    #[arg(long)]
+    pub cooperative: bool,
     /// Target archs: 80 (portable sm_80 PTX, JIT-compiled on any newer GPU) and/or 90
     /// (sm_90a PTX + cubin).
     #[arg(long, value_name = "ARCH", value_delimiter = ',', default_values_t = [80, 90])]
@@ -100,6 +103,7 @@ pub fn spec_from_flags(a: &BuildArgs) -> anyhow::Result<serde_json::Value> {
         "num_stages": a.num_stages,
         "num_ctas": a.num_ctas,
         "launch_pdl": a.pdl,
+        "launch_cooperative_grid": a.cooperative,
         "archs": a.arch,
     }]}))
 }

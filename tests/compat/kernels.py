@@ -110,3 +110,11 @@ def cp_pdl(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     m = offs < n
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) + 1, mask=m)
     tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def cp_coop(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = x - 2, launched as a cooperative grid (launch_cooperative_grid)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) - 2, mask=m)

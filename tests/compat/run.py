@@ -148,6 +148,10 @@ def make_cases():
     xp, op = torch.randn(nc, device=dev, generator=g), torch.zeros(nc, device=dev)
     case("PDL launch (launch_pdl)", K.cp_pdl, (nc // 1024, 1, 1), [xp, op, nc], dict(BLOCK=1024, launch_pdl=True),
          dict(x_ptr=xp, out_ptr=op, n=i32(nc)), ["out_ptr"])
+
+    xk, ok = torch.randn(nc, device=dev, generator=g), torch.zeros(nc, device=dev)
+    case("cooperative grid", K.cp_coop, (nc // 1024, 1, 1), [xk, ok, nc],
+         dict(BLOCK=1024, launch_cooperative_grid=True), dict(x_ptr=xk, out_ptr=ok, n=i32(nc)), ["out_ptr"])
     return cases
 
 
