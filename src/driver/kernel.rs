@@ -7,7 +7,9 @@
 //! is 0); `gridDim = (grid.x * num_ctas, grid.y, grid.z)`, `blockDim = 32 * num_warps`,
 //! all of `shared` as dynamic shared memory; a cluster of `(num_ctas, 1, 1)` when
 //! `num_ctas > 1`; PDL and cooperative launch as `cuLaunchKernelEx` attributes. A grid
-//! with a zero dimension launches nothing.
+//! with a zero dimension launches nothing. A host tensor descriptor argument
+//! ([`KernelArg::TensorDesc`]) is several parameters; its `CUtensorMap` is encoded for each
+//! launch (`cuTensorMapEncodeTiled`) and passed by value.
 //!
 //! Argument checking ([`crate::abi::pack_args`]) and launch planning
 //! ([`crate::abi::plan_launch`]) are pure functions, tested without a GPU.
@@ -287,7 +289,10 @@ impl Kernel {
     }
 
     /// Launch on `stream` with Triton's program grid `grid` and `args` in signature order:
-    /// device buffers ([`KernelArg::Buf`], made from live allocations) and scalars.
+    /// device buffers ([`KernelArg::Buf`], made from live allocations), scalars, and host
+    /// tensor descriptors ([`KernelArg::TensorDesc`]: a buffer with its shape and strides;
+    /// checked against the buffer's size, then encoded as a TMA descriptor where the
+    /// variant was compiled for one).
     /// Arguments are checked (count, types, each buffer's dtype against its pointer
     /// parameter, divisibility) and the launch planned before anything reaches the driver.
     /// The launch is asynchronous; errors raised by the kernel while running appear at the
