@@ -1,7 +1,7 @@
 //! `tritonrt build FILE.py`: a user's Triton source AOT-compiled into a ptx_cache (no GPU).
 //! The compiling tests need a Python with triton==3.6.0: `TRITONRT_PYTHON`, else the
-//! checkout's `.venv/bin/python`; without one they are skipped (saying so). The refusals
-//! before Python runs are always tested.
+//! checkout's `.venv/bin/python` or `.venv-ci/bin/python` (what `.ci/run` makes); without
+//! one they are skipped (saying so). The refusals before Python runs are always tested.
 
 #[macro_use]
 mod common;
@@ -29,16 +29,22 @@ fn tritonrt(args: &[&str], python: Option<&Path>) -> (i32, String, String) {
     )
 }
 
-/// A Python that imports triton 3.6.0, if any.
+/// A Python that imports triton 3.6.0, if any: `TRITONRT_PYTHON`, else the checkout's
+/// `.venv` or CI's `.venv-ci`.
 fn python() -> Option<PathBuf> {
-    let p = std::env::var_os("TRITONRT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"));
-    let ok = Command::new(&p)
-        .args(["-c", "import triton; assert triton.__version__ == '3.6.0'"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    ok.then_some(p)
+    let candidates = match std::env::var_os("TRITONRT_PYTHON") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec![
+            root().join(".venv/bin/python"),
+            root().join(".venv-ci/bin/python"),
+        ],
+    };
+    candidates.into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", "import triton; assert triton.__version__ == '3.6.0'"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
 }
 
 const SCALARS_SIG: &str = "*fp16:16, *fp16:16, fp16, bf16, i32, i1, fp64, i8, i16, i64, u32, 1024";
