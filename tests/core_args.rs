@@ -441,3 +441,44 @@ fn manifest_refuses_tensordesc_meta_of_the_wrong_count() {
         "{e}"
     );
 }
+
+#[test]
+fn tma_encoding_of_a_strided_3d_descriptor() {
+    use tritonrt::abi::tma_host_dtype;
+    // Triton's device-side numbering -> the driver's CUtensorMapDataType.
+    assert_eq!(tma_host_dtype(6), 6); // fp16
+    assert_eq!(tma_host_dtype(10), 9); // bf16
+    assert_eq!(tma_host_dtype(9), 8); // fp64
+    assert_eq!(tma_host_dtype(8), 10); // fp32 (ftz)
+    let (_t, mut v, _) = imported("desc_scale_sm90");
+    // The same kernel, pretending the compiler made it 3-D fp32 with a box of 8 x 16 x 32.
+    let t3 = ArgType::parse("tensordesc<fp32[8, 16, 32]>").unwrap();
+    v.signature[0].ty = t3;
+    v.tensordesc_meta[0].block_size = vec![8, 16, 32];
+    v.tensordesc_meta[0].elem_size = 4;
+    v.tensordesc_meta[0].elem_type = 7;
+    // A [4, 64, 96] view of a [4, 64, 128] buffer (row stride 128, plane stride 8192).
+    let base = buf(0x40_0000, 4 * 64 * 128 * 4, Dtype::Fp32);
+    let d = TensorDescArg::new(base, &[4, 64, 96], &[8192, 128, 1]).unwrap();
+    let other = buf(0x80_0000, 128 * 128 * 2, Dtype::Fp16);
+    let args = [
+        KernelArg::TensorDesc(d),
+        KernelArg::TensorDesc(TensorDescArg::contiguous(other, &[128, 128]).unwrap()),
+        KernelArg::F16(half::f16::ONE),
+    ];
+    let p = pack_params(&v, &args).unwrap();
+    assert_eq!(&p.slots[..7], &[0, 4, 64, 96, 8192, 128, 1]);
+    let e = p.tma[0].1;
+    assert_eq!((e.rank, e.data_type), (3, 7));
+    assert_eq!(&e.global_dim[..3], &[96, 64, 4]);
+    assert_eq!(&e.global_strides[..2], &[512, 32768]);
+    assert_eq!(&e.box_dim[..3], &[32, 16, 8]);
+    // One plane more than the buffer holds is refused.
+    let d = TensorDescArg::new(base, &[5, 64, 96], &[8192, 128, 1]).unwrap();
+    let e = pack_params(&v, &[KernelArg::TensorDesc(d), args[1], args[2]]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("reaches 163712 bytes, the buffer has 131072"),
+        "{e}"
+    );
+}
