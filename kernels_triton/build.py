@@ -7,6 +7,8 @@
     python kernels_triton/build.py --user FILE.py --spec SPEC.json --out DIR
                                               # AOT-compile a user's own Triton file
                                               # (what `tritonrt build` runs; see USER_SPEC)
+    python kernels_triton/build.py --only pq_kmeans   # recompile one module's kernels,
+                                              # keep the others' entries and files
 
 Needs triton==3.6.0 (exactly) and no GPU or driver: it calls the compiler API
 (``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``) directly,
@@ -267,12 +269,46 @@ def atomic_write(path: Path, data: bytes):
         raise
 
 
-def build(out: Path, jobs: int, quiet: bool = False) -> dict:
+def kept_entries(out: Path, only: set, mods: list, src_hash: dict, files: dict) -> list:
+    """``--only``: the manifest entries (and their files, into ``files``) of the modules
+    not rebuilt, from the existing build in ``out``. Every kept module's source must be
+    unchanged since (its ``source_hash``), else this is no longer the same build."""
+    unknown = sorted(only - set(mods))
+    if unknown:
+        raise SystemExit(f"error: --only {', '.join(unknown)}: no such kernel module (have {', '.join(mods)})")
+    try:
+        old = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --only needs an existing build in {out}: {e}")
+    kept = []
+    for v in old.get("variants", []):
+        mod = v["source"][:-3]
+        if mod in only or mod not in src_hash:
+            continue
+        if v["source_hash"] != src_hash[mod]:
+            raise SystemExit(f"error: --only: {mod}.py changed since {out} was built; rebuild it too "
+                             f"(--only {','.join(sorted(only | {mod}))}) or rebuild everything")
+        for kind in ("ptx", "cubin"):
+            if kind in v:
+                data = (out / v[kind]["file"]).read_bytes()
+                if sha256(data) != v[kind]["sha256"]:
+                    raise SystemExit(f"error: --only: {out / v[kind]['file']} is corrupt; rebuild everything")
+                files[v[kind]["file"]] = data
+        kept.append(v)
+    return kept
+
+
+def build(out: Path, jobs: int, quiet: bool = False, only: set | None = None) -> dict:
     mods = kernel_modules()
     kernels = load_kernels(mods)
     by_name = {k.name: (m, k) for m, k in kernels}
-    todo = jobs_for(kernels)
     src_hash = {m: sha256((HERE / f"{m}.py").read_bytes()) for m in mods}
+    files = {}
+    variants = []
+    if only:
+        variants = kept_entries(out, only, mods, src_hash, files)
+        kernels = [(m, k) for m, k in kernels if m in only]
+    todo = jobs_for(kernels)
     if not quiet:
         print(f"build: triton {TRITON_VERSION}, {len(kernels)} logical kernels, {len(todo)} variants, "
               f"{jobs} worker(s) -> {out}", flush=True)
@@ -301,8 +337,6 @@ def build(out: Path, jobs: int, quiet: bool = False) -> dict:
                 if not quiet:
                     print(f"[{done}/{len(todo)}] {job[4]} ({r['seconds']:.1f} s, {r['registers']} regs)",
                           flush=True)
-    variants = []
-    files = {}
     for r in results:
         mod, name, arch, vi, vid = r["job"]
         _, k = by_name[name]
@@ -773,6 +807,9 @@ def main(argv=None) -> int:
                     help="compile the variants --spec describes of this Triton source file instead of "
                          "kernels_triton/ (needs --spec and --out)")
     ap.add_argument("--spec", type=Path, metavar="SPEC.json", help="the variant spec of --user:\n" + USER_SPEC)
+    ap.add_argument("--only", metavar="MODULE[,MODULE]",
+                    help="recompile only these kernel modules (e.g. pq_kmeans); the other modules' "
+                         "entries and files are kept from --out, whose sources must be unchanged")
     args = ap.parse_args(argv)
     try:
         import triton
@@ -805,7 +842,7 @@ def main(argv=None) -> int:
         return 0
     if args.check:
         return check(args.out, args.jobs)
-    build(args.out, args.jobs)
+    build(args.out, args.jobs, only=set(args.only.split(",")) if args.only else None)
     return 0
 
 

@@ -72,6 +72,12 @@ pub struct BenchArgs {
     /// against the CPU reference. Fails if device memory grew.
     #[arg(long, value_name = "N")]
     pub soak: Option<usize>,
+    /// Time the prefill (k-means codebook) instead of the decode step: the spec's prefill
+    /// shapes (bf16 keys, kmeans_iter 10, M/bits (2,6) (2,8) (4,8) at B=1 H_kv=8
+    /// S=32768; H_kv=32; B=4 S=131072), wall and GPU medians of --steps runs against the
+    /// floor of reading the keys once per iteration, and the updates each group ran.
+    #[arg(long, conflicts_with_all = ["soak", "sweep", "seq_lens"])]
+    pub prefill: bool,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -140,6 +146,23 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             Err(why) => anyhow::bail!("tritonrt bench needs a CUDA GPU: {why}"),
         };
     let cfg = a.workload.config();
+    if a.prefill {
+        let stream = rt.device().new_stream()?;
+        let bw =
+            gpu::copy_bandwidth(&rt, &stream, a.copy_bytes).context("measuring copy bandwidth")?;
+        say!(
+            "device:  {} (sm_{}), copy bandwidth {:.2} TB/s",
+            rt.device().name(),
+            rt.device().arch(),
+            bw / 1e12
+        );
+        let rows = super::prefill::bench(&rt, a.steps.min(50), bw, a.seed)?;
+        if let Some(path) = &a.json {
+            let text = serde_json::to_string_pretty(&rows)?;
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(super::EXIT_OK);
+    }
     if let Some(n) = a.soak {
         return soak(&rt, &cfg, n);
     }

@@ -9,6 +9,7 @@ mod bench;
 mod build;
 mod core_cmds;
 mod launch;
+mod prefill;
 mod run;
 
 /// Exit code: success.
@@ -34,6 +35,9 @@ pub enum Command {
     /// Run the PQCache decode-step indexer (default: the reference workload on the GPU,
     /// checked against the CPU reference).
     Run(run::RunArgs),
+    /// Build the PQ codebook of a prompt by k-means on the GPU (default: B=1, H_kv=8,
+    /// S=32768, bf16 keys), checked against the CPU reference.
+    Prefill(prefill::PrefillArgs),
     /// Time the indexer step: launches, CUDA graph replay, and the memory floor.
     Bench(bench::BenchArgs),
     /// Time every compiled variant of each kernel on this GPU and persist the winners.
@@ -87,6 +91,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Prefill(a) => prefill::prefill(a),
         Command::Bench(a) => bench::bench(a),
         Command::Autotune(a) => autotune::autotune(a),
         Command::Warmup(a) => core_cmds::warmup(a),

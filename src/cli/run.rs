@@ -138,6 +138,17 @@ pub struct RunArgs {
     /// Select kernels of a step (the values name the kernels; `auto` picks per shape).
     #[arg(long, value_enum, default_value_t = SelectPathArg::Auto, help_heading = "Backend")]
     pub select_path: SelectPathArg,
+    /// Build the codebook first: the prefill (k-means on the GPU) clusters the prompt
+    /// (positions 0 .. init_offset + N_cached) and the step runs on its centroids and
+    /// codes, taken over on the device; both are checked against the CPU reference.
+    #[arg(long, help_heading = "Prefill", conflicts_with = "input")]
+    pub prefill: bool,
+    /// Lloyd iterations at most of --prefill.
+    #[arg(long, default_value_t = 10, help_heading = "Prefill")]
+    pub kmeans_iter: usize,
+    /// Initial centroids of --prefill: strided or random:SEED.
+    #[arg(long, default_value = "strided", help_heading = "Prefill")]
+    pub kmeans_init: tritonrt::pq::prefill::KmeansInit,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -429,6 +440,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         dims(&[sh.b, sh.h, sh.s]),
         cfg.weight_dtype
     );
+    if a.prefill {
+        return super::prefill::run_with_prefill(&cfg, &inputs, a.kmeans_iter, a.kmeans_init, &a);
+    }
     if let Some(path) = &a.save_input {
         pq::io::write_inputs(path, &cfg, &inputs)
             .with_context(|| format!("writing the inputs to {}", path.display()))?;

@@ -31,7 +31,7 @@ pub struct DeviceInputs {
 }
 
 /// `v` in `dtype`, as 16-bit words (fp32 values take two words each, little-endian).
-fn to_words(v: &[f32], dtype: DType) -> Vec<u16> {
+pub(crate) fn to_words(v: &[f32], dtype: DType) -> Vec<u16> {
     match dtype {
         DType::F32 => v
             .iter()

@@ -104,6 +104,64 @@ impl GpuIndexer {
         Self::with_state(rt, stream, cfg, shape, cent, phi_d, select_variant)
     }
 
+    /// An indexer that takes over a prefill's results on the device, with no copy: its
+    /// centroids, phi and `u8` codes become the indexer's state (`N_cached = n`), on the
+    /// prefill's stream. `cfg` must agree with the prefill's config on `M`, `bits`,
+    /// metric, `init_offset` and input dtype, and `shape` with its `B`, `H_kv`, `D`
+    /// (`shape.s` is ignored: it comes with each step).
+    ///
+    /// Errors: a config or shape that disagrees with the prefill's (named), the others of
+    /// [`GpuIndexer::new`].
+    pub fn from_prefill(
+        rt: Arc<Runtime>,
+        cfg: PqConfig,
+        shape: Shape,
+        prefill: crate::pq::prefill::PrefillResult,
+        select_variant: Option<&str>,
+    ) -> Result<Self> {
+        let (pc, ps) = (*prefill.config(), *prefill.shape());
+        let mismatch = [
+            ("pq_group_factor", cfg.pq_group_factor, pc.pq_group_factor),
+            ("pq_bits", cfg.pq_bits as usize, pc.pq_bits as usize),
+            ("init_offset", cfg.init_offset, pc.init_offset),
+            ("batch", shape.b, ps.b),
+            ("kv_heads", shape.h_kv, ps.h_kv),
+            ("head_dim", shape.d, ps.d),
+        ]
+        .into_iter()
+        .find(|(_, a, b)| a != b);
+        if let Some((what, a, b)) = mismatch {
+            return Err(Error::invalid(
+                what,
+                format!("the indexer's {what} is {a} but the prefill ran with {b}"),
+            ));
+        }
+        if cfg.metric != pc.metric || cfg.input_dtype != pc.input_dtype {
+            return Err(Error::invalid(
+                "config",
+                format!(
+                    "the indexer's metric/dtype {}/{} differ from the prefill's {}/{}",
+                    cfg.metric, cfg.input_dtype, pc.metric, pc.input_dtype
+                ),
+            ));
+        }
+        let n = prefill.n();
+        let stream = prefill.stream.clone();
+        let phi_len = prefill.phi.len();
+        check_codebook(&cfg, &shape, prefill.centroids.len(), Some(phi_len))?;
+        let mut me = Self::with_state(
+            rt,
+            stream,
+            cfg,
+            shape,
+            prefill.centroids,
+            prefill.phi,
+            select_variant,
+        )?;
+        me.state.adopt_codes(prefill.codes, prefill.cap, n);
+        Ok(me)
+    }
+
     fn with_state(
         rt: Arc<Runtime>,
         stream: Arc<CudaStream>,

@@ -33,6 +33,7 @@ pub mod io;
 mod kernels;
 mod launch;
 pub mod plan;
+pub mod prefill;
 pub mod reference;
 mod state;
 #[cfg(feature = "cli")]

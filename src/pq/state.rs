@@ -232,6 +232,14 @@ impl DeviceState {
         Ok(())
     }
 
+    /// Take `codes` (`u8 [B, H_kv, M, cap]`, made on this stream, keys `0..n` valid)
+    /// as the code state: `N_cached = n`; the histograms count no key yet.
+    pub fn adopt_codes(&mut self, codes: DevBuf<u8>, cap: usize, n: usize) {
+        self.codes = codes;
+        self.cap = cap;
+        self.n_cached = n;
+    }
+
     /// export (u8 state -> i64 upstream) when `export`, else import.
     #[allow(clippy::too_many_arguments)]
     pub fn launch_codes_copy(

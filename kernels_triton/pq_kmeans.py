@@ -1,0 +1,391 @@
+"""The PQCache prefill: the PQ codebook by k-means (spec: pqcache-prefill.md).
+
+Every ``(b, g, m)`` is an independent clustering problem, its *group*
+``gi = (b * H_kv + g) * M + m`` (``G = B * H_kv * M`` groups). Group ``gi`` clusters the
+``n`` subvectors ``x_j = key[b, g, pos0 + j, m*d_s : (m+1)*d_s]`` (``j < n``), read as f32
+from a strided key tensor (last dimension contiguous). Metric ip extends each ``x_j`` by
+``a_j = sqrt(max(0, phi - ||x_j||^2))`` (``phi = max_j ||x_j||^2``), so centroids have
+``d_c = d_s + 1`` coordinates; euclidean: ``d_c = d_s``.
+
+Layouts (the upstream ones where upstream has one):
+centroids f32 ``[G, K, d_c]`` (= ``[B, H_kv, M, K, d_c]``), phi f32 ``[G]``, codes u8
+``[G, cap]`` (the decode indexer's own state layout ``[B, H_kv, M, cap]``), partial sums
+f32 ``[G, P, K, d_c]`` and counts i32 ``[G, P, K]`` (P: parts per group, one CTA each).
+
+Kernels, launched in this order by ``src/pq/prefill/gpu.rs`` on one stream:
+
+* ``pq_km_prep``: grid ``(P, G)``. Counts non-finite key values (``bad``, i32, added
+  to) and, metric ip, ``phi[gi] = max ||x_j||^2`` (atomic max of non-negative floats;
+  the host zeroes ``phi`` first).
+* ``pq_km_init``: grid ``(cdiv(K, BLOCK_K), G)``. ``c_k = x_{idx_k}`` with
+  ``idx_k = floor(k * n / K)`` (strided init) or ``idx[gi, k]`` (``use_idx``: random
+  init drawn on the host); ip: coordinate ``d_s`` is ``a_{idx_k}``.
+* ``pq_km_assign``: grid ``(P, G)``; CTA ``p`` owns keys ``p*per .. min(n, (p+1)*per)``.
+  Assigns each key to its nearest centroid (lowest k on ties), writes the codes and,
+  unless ``final``, counts the keys whose code changed (``chg[it % 2, gi]``; every key
+  on iteration 0). A group whose ``done`` flag is set returns at once (unless ``final``).
+* ``pq_km_sums``: grid ``(P, cdiv(K, BLOCK_K), G)``: part ``p``'s member counts and
+  sums for one tile of clusters (``onehot^T @ x`` over the part's keys), and the ip
+  augmentation's sums.
+* ``pq_km_update``: grid ``(cdiv(K, BLOCK_K), G)``. Where no code changed this
+  iteration the group has converged: ``done[gi] = 1`` and the centroids stay.
+  Otherwise every centroid becomes the mean of its members (sums of the P parts added
+  in part order: deterministic), and a cluster with no member keeps its centroid;
+  ``iters[gi] = it + 1``. Zeroes ``chg[(it + 1) % 2, gi]`` for the next iteration.
+* ``pq_km_assign`` once more with ``final = 1``: the codes against the final centroids.
+
+Distances: ``||x - c||^2 = ||x||^2 - 2 <x, c> + ||c||^2``; the argmin drops ``||x||^2``
+and takes ``<x, c>`` from ``tl.dot`` with ``tf32x3`` (three TF32 products: about f32
+accuracy on the tensor cores). The member sums are ``onehot^T @ x`` by the same dot
+(the one-hot matrix is exact; 16-bit keys are exact in TF32, so there one TF32 product
+suffices). Squared norms use rounded products (``_mul_rn``), so every thread holding a
+copy of a reduced value holds the same bits (ARCHITECTURE.md, "Correct under any CTA
+schedule", (g)).
+"""
+
+import triton
+import triton.language as tl
+
+from kspec import Kernel, i32, i64, ptr, single
+from pq_select import INTERPRETED, _mul_rn
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _group(gi, H_kv, M):
+    """(b, g, m) of group ``gi``."""
+    m = gi % M
+    bg = gi // M
+    return bg // H_kv, bg % H_kv, m
+
+
+@triton.jit
+def _load_raw(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D: tl.constexpr):
+    """Keys ``offs_j`` (positions relative to ``kbase``), coordinates ``d0 .. d0+BLOCK_D``
+    of the subvector, in the keys' dtype ``[len(offs_j), BLOCK_D]``; 0 outside ``jmask`` /
+    ``d_s``."""
+    offs_d = d0 + tl.arange(0, BLOCK_D)
+    return tl.load(k_ptr + kbase + offs_j[:, None] * k_ss + offs_d[None, :],
+                   mask=jmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
+
+
+@triton.jit
+def _load_sub(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D: tl.constexpr):
+    """:func:`_load_raw` as f32."""
+    return _load_raw(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D).to(tl.float32)
+
+
+@triton.jit
+def _sq_norms(k_ptr, kbase, offs_j, jmask, k_ss, d_s, BLOCK_D: tl.constexpr):
+    """``||x_j||^2`` (f32, rounded products) of keys ``offs_j``."""
+    acc = tl.zeros([offs_j.shape[0], BLOCK_D], tl.float32)
+    for d0 in range(0, d_s, BLOCK_D):
+        x = _load_sub(k_ptr, kbase, offs_j, jmask, k_ss, d0, d_s, BLOCK_D)
+        acc += _mul_rn(x, x)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _aug(k_ptr, kbase, offs_j, jmask, k_ss, d_s, phi, metric_ip, BLOCK_D: tl.constexpr):
+    """The ip augmentation ``sqrt(max(0, phi - ||x_j||^2))`` (0 for euclidean)."""
+    a = tl.zeros([offs_j.shape[0]], tl.float32)
+    if metric_ip != 0:
+        a = tl.sqrt_rn(tl.maximum(phi - _sq_norms(k_ptr, kbase, offs_j, jmask, k_ss, d_s, BLOCK_D), 0.0))
+    return a
+
+
+@triton.jit
+def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, k_sb, k_sh, k_ss, H_kv, M, d_s, n, pos0, per, metric_ip,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Non-finite count and (ip) ``phi[gi] = max_j ||x_j||^2``. Grid ``(P, G)``."""
+    p = tl.program_id(0)
+    gi = tl.program_id(1)
+    b, g, m = _group(gi, H_kv, M)
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    j0 = p * per
+    j1 = tl.minimum(n, j0 + per)
+    mx = tl.zeros([BLOCK_N], tl.float32)
+    nbad = tl.zeros([BLOCK_N, BLOCK_D], tl.int32)
+    for t in range(j0, j1, BLOCK_N):
+        offs_j = t + tl.arange(0, BLOCK_N)
+        jmask = offs_j < j1
+        acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        for d0 in range(0, d_s, BLOCK_D):
+            x = _load_sub(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, d_s, BLOCK_D)
+            nbad += (tl.abs(x) == float("inf")).to(tl.int32) + (x != x).to(tl.int32)
+            acc += _mul_rn(x, x)
+        mx = tl.maximum(mx, tl.where(jmask, tl.sum(acc, axis=1), 0.0))
+    total_bad = tl.sum(tl.sum(nbad, axis=1), axis=0)
+    if total_bad > 0:
+        tl.atomic_add(bad_ptr, total_bad, sem="relaxed")
+    if metric_ip != 0:
+        tl.atomic_max(phi_ptr + gi, tl.max(mx, axis=0), sem="relaxed")
+
+
+@triton.jit
+def pq_km_init_kernel(k_ptr, cent_ptr, phi_ptr, idx_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, n, pos0, use_idx,
+                      metric_ip, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``c_k = x_{idx_k}`` (strided ``floor(k*n/K)`` or ``idx[gi, k]``), ip: with its
+    augmentation. Grid ``(cdiv(K, BLOCK_K), G)``."""
+    kt = tl.program_id(0)
+    gi = tl.program_id(1)
+    b, g, m = _group(gi, H_kv, M)
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    d_c = d_s + metric_ip
+    offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = offs_k < K
+    if use_idx != 0:
+        j = tl.load(idx_ptr + gi.to(tl.int64) * K + offs_k, mask=kmask, other=0).to(tl.int64)
+    else:
+        j = offs_k.to(tl.int64) * n // K
+    cbase = cent_ptr + gi.to(tl.int64) * K * d_c + offs_k[:, None].to(tl.int64) * d_c
+    for d0 in range(0, d_s, BLOCK_D):
+        x = _load_sub(k_ptr, kbase, j, kmask, k_ss, d0, d_s, BLOCK_D)
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        tl.store(cbase + offs_d[None, :], x, mask=kmask[:, None] & (offs_d < d_s)[None, :])
+    if metric_ip != 0:
+        phi = tl.load(phi_ptr + gi)
+        a = _aug(k_ptr, kbase, j, kmask, k_ss, d_s, phi, metric_ip, BLOCK_D)
+        tl.store(cent_ptr + gi.to(tl.int64) * K * d_c + offs_k.to(tl.int64) * d_c + d_s, a, mask=kmask)
+
+
+@triton.jit
+def _dot_keys_cent(x, c, acc):
+    """``acc + x @ c^T`` (f32 ``[rows, clusters]``) for keys ``x`` in their own dtype and
+    f32 centroids ``c``, on the tensor cores at about f32 accuracy. 16-bit keys are exact
+    in their type, so ``c`` is split into three terms of that type (``c1 + c2 + c3``
+    carries 24 mantissa bits) and the three products are exact, accumulated in f32; f32
+    keys take ``tf32x3``."""
+    if x.dtype == tl.float32:
+        return tl.dot(x, tl.trans(c), acc, input_precision="tf32x3")
+    else:
+        c1 = c.to(x.dtype)
+        r1 = c - c1.to(tl.float32)
+        c2 = r1.to(x.dtype)
+        c3 = (r1 - c2.to(tl.float32)).to(x.dtype)
+        acc = tl.dot(x, tl.trans(c1), acc)
+        acc = tl.dot(x, tl.trans(c2), acc)
+        return tl.dot(x, tl.trans(c3), acc)
+
+
+@triton.jit
+def _dot_members(hit, x, acc):
+    """``acc + onehot^T @ x`` (f32 ``[clusters, BLOCK_D]``): the member sums of a tile of
+    keys ``x`` (their own dtype) whose cluster indicator is ``hit`` (``[rows, clusters]``).
+    The one-hot matrix is exact in every type, so 16-bit keys take one exact product in
+    their type; f32 keys ``tf32x3``."""
+    if x.dtype == tl.float32:
+        return tl.dot(tl.trans(hit.to(tl.float32)), x, acc, input_precision="tf32x3")
+    else:
+        return tl.dot(tl.trans(hit.to(x.dtype)), x, acc)
+
+
+@triton.jit
+def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, chg_ptr, done_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s,
+                        n, pos0, per, cap, it, final, metric_ip, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """Codes of part ``p``'s keys against the current centroids and, unless ``final``,
+    how many changed. Grid ``(P, G)``."""
+    p = tl.program_id(0)
+    gi = tl.program_id(1)
+    G = tl.num_programs(1)
+    if final == 0:
+        if tl.load(done_ptr + gi) != 0:
+            return
+    b, g, m = _group(gi, H_kv, M)
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    d_c = d_s + metric_ip
+    cgrp = cent_ptr + gi.to(tl.int64) * K * d_c
+    crow = codes_ptr + gi.to(tl.int64) * cap
+    phi = tl.load(phi_ptr + gi * metric_ip)  # euclidean: phi_ptr[0], unused
+    j0 = p * per
+    j1 = tl.minimum(n, j0 + per)
+    nchg = tl.zeros([BLOCK_N], tl.int32)
+    for t in range(j0, j1, BLOCK_N):
+        offs_j = t + tl.arange(0, BLOCK_N)
+        jmask = offs_j < j1
+        a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d_s, phi, metric_ip, BLOCK_D)
+        best_d = tl.full([BLOCK_N], float("inf"), tl.float32)
+        best_k = tl.zeros([BLOCK_N], tl.int32)
+        for kb in range(0, K, BLOCK_K):
+            offs_k = kb + tl.arange(0, BLOCK_K)
+            kmask = offs_k < K
+            xc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+            cn = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+            for d0 in range(0, d_s, BLOCK_D):
+                offs_d = d0 + tl.arange(0, BLOCK_D)
+                x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, d_s, BLOCK_D)
+                c = tl.load(cgrp + offs_k[:, None] * d_c + offs_d[None, :],
+                            mask=kmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
+                cn += _mul_rn(c, c)
+                xc = _dot_keys_cent(x, c, xc)
+            cnorm = tl.sum(cn, axis=1)
+            if metric_ip != 0:
+                ce = tl.load(cgrp + offs_k * d_c + d_s, mask=kmask, other=0.0)
+                cnorm += _mul_rn(ce, ce)
+                xc += _mul_rn(a[:, None], ce[None, :])
+            dist = cnorm[None, :] - 2.0 * xc
+            dist = tl.where(kmask[None, :], dist, float("inf"))
+            dmin = tl.min(dist, axis=1)
+            kmin = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + kb
+            # strict <: on a tie the earlier tile (lower k) stays; NaN never takes
+            take = dmin < best_d
+            best_k = tl.where(take, kmin, best_k)
+            best_d = tl.where(take, dmin, best_d)
+        if final == 0:
+            old = tl.load(crow + offs_j, mask=jmask, other=0).to(tl.int32)
+            nchg += (jmask & ((old != best_k) | (it == 0))).to(tl.int32)
+        tl.store(crow + offs_j, best_k.to(tl.uint8), mask=jmask)
+    if final == 0:
+        tl.atomic_add(chg_ptr + (it % 2) * G + gi, tl.sum(nchg, axis=0), sem="relaxed")
+
+
+@triton.jit
+def pq_km_sums_kernel(k_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, done_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s,
+                      n, pos0, per, cap, P, metric_ip, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    """Part ``p``'s member counts and sums of clusters ``kt*BLOCK_K ..`` from this
+    iteration's codes. Grid ``(P, cdiv(K, BLOCK_K), G)``."""
+    p = tl.program_id(0)
+    kt = tl.program_id(1)
+    gi = tl.program_id(2)
+    if tl.load(done_ptr + gi) != 0:
+        return
+    b, g, m = _group(gi, H_kv, M)
+    kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * d_s
+    d_c = d_s + metric_ip
+    crow = codes_ptr + gi.to(tl.int64) * cap
+    phi = tl.load(phi_ptr + gi * metric_ip)  # euclidean: phi_ptr[0], unused
+    j0 = p * per
+    j1 = tl.minimum(n, j0 + per)
+    pbase = (gi.to(tl.int64) * P + p) * K
+    offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = offs_k < K
+    cnt = tl.zeros([BLOCK_K], tl.int32)
+    asum = tl.zeros([BLOCK_K], tl.float32)
+    for t in range(j0, j1, BLOCK_N):
+        offs_j = t + tl.arange(0, BLOCK_N)
+        jmask = offs_j < j1
+        code = tl.load(crow + offs_j, mask=jmask, other=0).to(tl.int32)
+        hit = jmask[:, None] & (code[:, None] == offs_k[None, :])
+        cnt += tl.sum(hit.to(tl.int32), axis=0)
+        if metric_ip != 0:
+            a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d_s, phi, metric_ip, BLOCK_D)
+            asum += tl.sum(tl.where(hit, a[:, None], 0.0), axis=0)
+    tl.store(cnt_ptr + pbase + offs_k, cnt, mask=kmask)
+    if metric_ip != 0:
+        tl.store(part_ptr + (pbase + offs_k) * d_c + d_s, asum, mask=kmask)
+    for d0 in range(0, d_s, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+        for t in range(j0, j1, BLOCK_N):
+            offs_j = t + tl.arange(0, BLOCK_N)
+            jmask = offs_j < j1
+            code = tl.load(crow + offs_j, mask=jmask, other=0).to(tl.int32)
+            hit = jmask[:, None] & (code[:, None] == offs_k[None, :])
+            x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, d_s, BLOCK_D)
+            acc = _dot_members(hit, x, acc)
+        tl.store(part_ptr + (pbase + offs_k[:, None]) * d_c + offs_d[None, :], acc,
+                 mask=kmask[:, None] & (offs_d < d_s)[None, :])
+
+
+@triton.jit
+def _div_rn(a, b):
+    """``a / b`` correctly rounded (``div.rn.f32``; Triton's ``/`` is the approximate
+    ``div.full.f32``, off by an ulp even where the quotient is exact)."""
+    if INTERPRETED:
+        return a / b
+    else:
+        return libdevice.div_rn(a, b)
+
+
+@triton.jit
+def pq_km_update_kernel(cent_ptr, part_ptr, cnt_ptr, chg_ptr, done_ptr, iters_ptr, K, d_s, P, it, metric_ip,
+                        BLOCK_E: tl.constexpr):
+    """Centroids <- member means (empty clusters keep theirs), or converged. CTA ``e``
+    owns the flat centroid values ``e*BLOCK_E ..`` of the group's ``K * d_c`` (contiguous
+    in the centroids and in every part's sums). Grid ``(cdiv(K * d_c, BLOCK_E), G)``."""
+    e = tl.program_id(0)
+    gi = tl.program_id(1)
+    G = tl.num_programs(1)
+    if tl.load(done_ptr + gi) != 0:
+        return
+    changed = tl.load(chg_ptr + (it % 2) * G + gi)
+    if e == 0:
+        # every CTA of this group reads chg[it % 2]; the other slot is read next time
+        tl.store(chg_ptr + ((it + 1) % 2) * G + gi, 0)
+        if changed == 0:
+            tl.store(done_ptr + gi, 1)
+        else:
+            tl.store(iters_ptr + gi, it + 1)
+    if changed == 0:
+        return
+    d_c = d_s + metric_ip
+    offs = e * BLOCK_E + tl.arange(0, BLOCK_E)
+    mask = offs < K * d_c
+    kk = offs // d_c
+    s = tl.zeros([BLOCK_E], tl.float32)
+    cnt = tl.zeros([BLOCK_E], tl.int32)
+    for p in range(P):
+        base = gi.to(tl.int64) * P + p
+        s += tl.load(part_ptr + base * K * d_c + offs, mask=mask, other=0.0)
+        cnt += tl.load(cnt_ptr + base * K + kk, mask=mask, other=0)
+    crow = cent_ptr + gi.to(tl.int64) * K * d_c + offs
+    old = tl.load(crow, mask=mask, other=0.0)
+    new = tl.where(cnt > 0, _div_rn(s, tl.maximum(cnt, 1).to(tl.float32)), old)
+    tl.store(crow, new, mask=mask)
+
+
+# ----------------------------------------------------------------------------------
+# declarations for the build
+
+DTYPES = ("fp32", "bf16", "fp16")
+BLOCKS = {"BLOCK_N": 128, "BLOCK_K": 64, "BLOCK_D": 32}
+
+
+def _key_args(kt):
+    return (ptr("k_ptr", kt, False), )
+
+
+def _strides():
+    return (i64("k_sb"), i64("k_sh"), i64("k_ss"))
+
+
+KERNELS = []
+for _kt in DTYPES:
+    KERNELS.append(
+        Kernel(name=f"pq_km_prep.k_{_kt}", fn=pq_km_prep_kernel,
+               args=_key_args(_kt) + (ptr("phi_ptr", "fp32"), ptr("bad_ptr", "i32")) + _strides() +
+               (i32("H_kv"), i32("M"), i32("d_s"), i32("n"), i32("pos0"), i32("per"), i32("metric_ip")),
+               fixed={"BLOCK_N": 64, "BLOCK_D": 32},
+               variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
+    KERNELS.append(
+        Kernel(name=f"pq_km_init.k_{_kt}", fn=pq_km_init_kernel,
+               args=_key_args(_kt) + (ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32"), ptr("idx_ptr", "i32", False)) +
+               _strides() + (i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("n"), i32("pos0"), i32("use_idx"),
+                             i32("metric_ip")),
+               fixed={"BLOCK_K": 64, "BLOCK_D": 32},
+               variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
+    KERNELS.append(
+        Kernel(name=f"pq_km_assign.k_{_kt}", fn=pq_km_assign_kernel,
+               args=_key_args(_kt) + (ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32"), ptr("codes_ptr", "u8"),
+                                      ptr("chg_ptr", "i32"), ptr("done_ptr", "i32")) + _strides() +
+               (i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("n"), i32("pos0"), i32("per"),
+                i32("cap", div16=True), i32("it"), i32("final"), i32("metric_ip")),
+               fixed=dict(BLOCKS),
+               variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
+    KERNELS.append(
+        Kernel(name=f"pq_km_sums.k_{_kt}", fn=pq_km_sums_kernel,
+               args=_key_args(_kt) + (ptr("phi_ptr", "fp32"), ptr("codes_ptr", "u8"), ptr("part_ptr", "fp32"),
+                                      ptr("cnt_ptr", "i32"), ptr("done_ptr", "i32")) + _strides() +
+               (i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("n"), i32("pos0"), i32("per"),
+                i32("cap", div16=True), i32("P"), i32("metric_ip")),
+               fixed=dict(BLOCKS),
+               variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
+KERNELS.append(
+    Kernel(name="pq_km_update", fn=pq_km_update_kernel,
+           args=(ptr("cent_ptr", "fp32"), ptr("part_ptr", "fp32"), ptr("cnt_ptr", "i32"), ptr("chg_ptr", "i32"),
+                 ptr("done_ptr", "i32"), ptr("iters_ptr", "i32"), i32("K"), i32("d_s"), i32("P"), i32("it"),
+                 i32("metric_ip")),
+           fixed={"BLOCK_E": 512},
+           variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
