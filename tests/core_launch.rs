@@ -219,6 +219,10 @@ fn launch_binds_tensor_descriptors_and_half_scalars() {
     ]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("in_desc: tensordesc<fp16[64, 64]>"), "{out}");
+    assert!(
+        out.contains("tensor descriptors in_desc, out_desc: lowered to TMA"),
+        "{out}"
+    );
     let input = t.path().join("in.safetensors");
     let launch = |tensors: &[(&str, &str, &[usize], Vec<u8>)], extra: &[&str]| {
         safetensors(&input, tensors);
