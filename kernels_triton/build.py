@@ -4,6 +4,9 @@
     python kernels_triton/build.py            # (re)build ptx_cache/ next to kernels_triton/
     python kernels_triton/build.py --check    # build into a temp dir, compare, exit 1 if stale
     python kernels_triton/build.py --out DIR  # build somewhere else
+    python kernels_triton/build.py --user FILE.py --spec SPEC.json --out DIR
+                                              # AOT-compile a user's own Triton file
+                                              # (what `tritonrt build` runs; see USER_SPEC)
     python kernels_triton/build.py --only pq_kmeans   # recompile one module's kernels,
                                               # keep the others' entries and files
 
@@ -468,12 +471,342 @@ def check(repo_out: Path, jobs: int) -> int:
         return 0
 
 
+# ----------------------------------------------------------------------------------
+# --user: any Triton source file, from a variant spec
+
+USER_SPEC = """\
+A spec is JSON: {"kernels": [ENTRY, ...]}, each ENTRY one compiled variant per arch:
+  "kernel":     the @triton.jit function's name in FILE.py (required)
+  "name":       the logical kernel name in the manifest (default: "kernel"); variants of
+                one name must share one launch signature
+  "signature":  one item per parameter of the function, in order, as Triton's
+                tools/compile.py spells them: a type ("*fp16", "i32", "fp32", "u64", "i1",
+                "tensordesc<fp16[64, 64]>") optionally with ":16" (assume the pointer or
+                integer is a multiple of 16) or ":1" (specialize the integer to 1: it
+                becomes a constexpr); or a constexpr value (1024, 0.5, True, None). Either a
+                comma-separated string or a list.
+  "num_warps" (4), "num_stages" (3), "num_ctas" (1), "maxnreg" (none),
+  "launch_pdl" (false: true compiles for programmatic dependent launch),
+  "launch_cooperative_grid" (false: true launches as a cooperative grid),
+  "archs" ([80, 90]): 80 -> portable sm_80 PTX; 90 -> sm_90a PTX + cubin,
+  "default" (the first variant of each (name, arch) unless one says true).
+"""
+
+_SCALARS = ("i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64", "fp16", "bf16", "fp32", "fp64")
+
+
+def _split_top(sig: str) -> list:
+    """Split a signature string at commas outside <...> and [...]."""
+    out, cur, depth = [], "", 0
+    for c in sig:
+        if c in "<[":
+            depth += 1
+        elif c in ">]":
+            depth -= 1
+        if c == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += c
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _constexpr_value(s: str):
+    """(True, value) when `s` spells a constexpr value, else (False, None)."""
+    if s in ("None", "none", "null"):
+        return True, None
+    if s in ("True", "true"):
+        return True, True
+    if s in ("False", "false"):
+        return True, False
+    for conv in (int, float):
+        try:
+            return True, conv(s)
+        except ValueError:
+            pass
+    return False, None
+
+
+def _is_type(t: str) -> bool:
+    if t.startswith("*"):
+        return t[1:] in _SCALARS + ("fp8e4nv", "fp8e5") or t == "*"
+    if t.startswith("tensordesc<"):
+        return re.fullmatch(r"tensordesc<\w+\[\s*\d+(\s*,\s*\d+)*\s*\]>", t) is not None
+    return t in _SCALARS
+
+
+def _norm_type(t: str) -> str:
+    """Triton's signature spelling, normalized as the manifest writes it (`u1`, Triton's
+    canonical bool, as `i1`)."""
+    if t in ("u1", "*u1"):
+        return t.replace("u1", "i1")
+    m = re.fullmatch(r"tensordesc<(\w+)\[([^\]]*)\]>", t)
+    if m:
+        dims = [d.strip() for d in m.group(2).split(",")]
+        return f"tensordesc<{m.group(1)}[{', '.join(dims)}]>"
+    return t
+
+
+def _load_user_fn(path: str, name: str):
+    """The triton.JITFunction `name` of the file at `path` (unwrapping autotune /
+    heuristics decorators)."""
+    import importlib.util
+    import triton
+    p = Path(path).resolve()
+    key = ("user", str(p), name)
+    if key in _WORKER_CACHE:
+        return _WORKER_CACHE[key]
+    if str(p.parent) not in sys.path:
+        sys.path.insert(0, str(p.parent))
+    spec = importlib.util.spec_from_file_location(p.stem, p)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not hasattr(mod, name):
+        raise SystemExit(f"error: {p.name} has no function {name!r}")
+    fn = getattr(mod, name)
+    while not isinstance(fn, triton.runtime.jit.JITFunction) and hasattr(fn, "fn"):
+        fn = fn.fn
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        raise SystemExit(f"error: {p.name}: {name} is not a @triton.jit function")
+    _WORKER_CACHE[key] = fn
+    return fn
+
+
+def plan_user(path: Path, spec: dict) -> list:
+    """Validate a spec against the file (parameter names) and return one job per
+    (entry, arch): a dict the worker compiles and the manifest entry is made from."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("kernels"), list) or not spec["kernels"]:
+        raise SystemExit("error: the spec must be {\"kernels\": [ENTRY, ...]} with at least one entry\n" + USER_SPEC)
+    jobs = []
+    for ei, e in enumerate(spec["kernels"]):
+        where = f"spec entry {ei}"
+        unknown = set(e) - {"kernel", "name", "signature", "num_warps", "num_stages", "num_ctas", "maxnreg",
+                            "launch_pdl", "launch_cooperative_grid", "archs", "default"}
+        if unknown:
+            raise SystemExit(f"error: {where}: unknown keys {sorted(unknown)}\n" + USER_SPEC)
+        if "kernel" not in e or "signature" not in e:
+            raise SystemExit(f"error: {where}: needs \"kernel\" and \"signature\"\n" + USER_SPEC)
+        fn = _load_user_fn(str(path), e["kernel"])
+        where = f"spec entry {ei} ({e['kernel']})"
+        items = e["signature"]
+        if isinstance(items, str):
+            items = _split_top(items)
+        items = [str(x).strip() if not isinstance(x, (int, float, bool)) or isinstance(x, str) else x for x in items]
+        params = list(fn.arg_names)
+        if len(items) != len(params):
+            raise SystemExit(f"error: {where}: the signature has {len(items)} items, the function {len(params)} "
+                             f"parameters ({', '.join(params)})")
+        sig, args, constexprs, attrs = {}, [], {}, {}
+        for i, (pname, item) in enumerate(zip(params, items)):
+            p = fn.params[i]
+            if not isinstance(item, str):
+                is_const, val = True, item
+            else:
+                ty, _, hint = item.partition(":")
+                ty = ty.strip()
+                is_const, val = _constexpr_value(ty)
+            if is_const:
+                sig[pname] = "constexpr"
+                constexprs[pname] = val
+                continue
+            if p.is_constexpr:
+                raise SystemExit(f"error: {where}: parameter {pname} is tl.constexpr: give its value, not {item!r}")
+            if not _is_type(ty):
+                raise SystemExit(f"error: {where}: parameter {pname}: {item!r} is neither a Triton type (*fp16, "
+                                 f"i32, fp32, tensordesc<fp16[64, 64]>, ...) nor a constexpr value")
+            hint = hint.strip()
+            if hint not in ("", "1", "16"):
+                raise SystemExit(f"error: {where}: parameter {pname}: hint :{hint} (only :16 and :1 exist)")
+            if hint == "1":
+                if ty not in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"):
+                    raise SystemExit(f"error: {where}: parameter {pname}: :1 specializes integers only")
+                sig[pname] = "constexpr"
+                constexprs[pname] = 1
+                continue
+            if hint == "16":
+                if not (ty.startswith("*") or ty in ("i32", "i64", "u32", "u64")):
+                    raise SystemExit(f"error: {where}: parameter {pname}: :16 applies to pointers and integers")
+                attrs[(i, )] = [["tt.divisibility", 16]]
+            sig[pname] = ty
+            args.append({"name": pname, "type": _norm_type(ty), "divisibility": 16 if hint == "16" else 1})
+        name = e.get("name", e["kernel"])
+        archs = e.get("archs", [80, 90])
+        if not archs or any(a not in (80, 90) for a in archs):
+            raise SystemExit(f"error: {where}: archs {archs}: each must be 80 or 90")
+        for arch in archs:
+            nw, ns = int(e.get("num_warps", 4)), int(e.get("num_stages", 3))
+            ce_id = ".".join(f"{k}={_fmt(v)}" for k, v in sorted(constexprs.items()))
+            vid = f"{name}." + (ce_id + "." if ce_id else "") + f"w{nw}.s{ns}.sm{arch}"
+            jobs.append({
+                "path": str(path), "fn": e["kernel"], "name": name, "sig": sig, "args": args,
+                "constexprs": constexprs, "attrs": {str(k[0]): v for k, v in attrs.items()}, "arch": arch,
+                "num_warps": nw, "num_stages": ns, "num_ctas": int(e.get("num_ctas", 1)),
+                "maxnreg": e.get("maxnreg"), "launch_pdl": bool(e.get("launch_pdl", False)),
+                "launch_cooperative_grid": bool(e.get("launch_cooperative_grid", False)),
+                "default": e.get("default"), "id": vid,
+            })
+    ids = [j["id"] for j in jobs]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise SystemExit(f"error: the spec makes duplicate variant ids: {dup}")
+    by_name = {}
+    for j in jobs:
+        by_name.setdefault(j["name"], j["args"])
+        if by_name[j["name"]] != j["args"]:
+            raise SystemExit(f"error: variants of {j['name']} have different launch signatures; give them "
+                             f"different \"name\"s")
+    return jobs
+
+
+def compile_user_job(job):
+    """Compile one user (entry, arch) job; return what the manifest and files need."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    fn = _load_user_fn(job["path"], job["fn"])
+    attrs = {(int(k), ): v for k, v in job["attrs"].items()}
+    src = ASTSource(fn, dict(job["sig"]), dict(job["constexprs"]), attrs)
+    options = {"num_warps": job["num_warps"], "num_stages": job["num_stages"], "num_ctas": job["num_ctas"],
+               "launch_pdl": job["launch_pdl"], "launch_cooperative_grid": job["launch_cooperative_grid"]}
+    if job["maxnreg"]:
+        options["maxnreg"] = int(job["maxnreg"])
+    t0 = time.time()
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        ck = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32), options=options)
+    md = ck.metadata._asdict()
+    return {
+        "job": job,
+        "seconds": time.time() - t0,
+        "ptx": ck.asm["ptx"],
+        "cubin": ck.asm["cubin"] if job["arch"] >= 90 else None,
+        "md": {k: md[k] for k in ("name", "shared", "num_warps", "num_stages", "num_ctas", "global_scratch_size",
+                                  "global_scratch_align", "profile_scratch_size", "profile_scratch_align",
+                                  "launch_pdl", "launch_cooperative_grid", "triton_version")},
+        "tensordesc_meta": [dict(m) for m in (md.get("tensordesc_meta") or [])],
+    }
+
+
+def _ptx_kinds(arg: dict, meta) -> list:
+    """The PTX parameters one signature argument becomes (see src/abi/desc.rs)."""
+    t = arg["type"]
+    if t.startswith("tensordesc<"):
+        n = t.count(",") + 1
+        head = ["desc"] if meta is not None else ["ptr"] + ["i64"] * (2 * n) + ["i1"]
+        return head + ["i32"] * n + ["i64"] * n
+    return ["ptr" if t.startswith("*") else t]
+
+
+def _ptx_param_ok(kind: str, p: str) -> bool:
+    if kind == "ptr":
+        return p.startswith(".param .u64 .ptr .global")
+    if kind == "desc":
+        return re.match(r"\.param \.align 64 \.b8 \w+\[128\]", p) is not None
+    if kind in ("fp16", "bf16"):
+        return re.match(r"\.param \.align 2 \.b8 \w+\[2\]", p) is not None
+    want = {"i1": ".u8", "u1": ".u8", "i8": ".u8", "u8": ".u8", "i16": ".u16", "u16": ".u16", "i32": ".u32",
+            "u32": ".u32", "i64": ".u64", "u64": ".u64", "fp32": ".f32", "fp64": ".f64"}[kind]
+    return p.startswith(f".param {want} ")
+
+
+def build_user(path: Path, spec: dict, out: Path, jobs: int) -> dict:
+    """Compile the spec's variants of the user file `path` into the ptx_cache `out`
+    (manifest + content-addressed files; stale files removed). Deterministic."""
+    todo = plan_user(path, spec)
+    src_hash = sha256(path.read_bytes())
+    print(f"build: triton {TRITON_VERSION}, {path.name}: {len(todo)} variants, {jobs} worker(s) -> {out}",
+          flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="tritonrt-build-") as tmp:
+        ctx = multiprocessing.get_context("spawn")
+        caches = [os.path.join(tmp, f"cache{i}") for i in range(jobs)]
+        counter = ctx.Value("i", 0)
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_indexed,
+                                    initargs=(counter, caches)) as pool:
+            futs = {pool.submit(compile_user_job, j): j for j in todo}
+            for fut in cf.as_completed(futs):
+                job = futs[fut]
+                try:
+                    r = fut.result()
+                except SystemExit:
+                    raise
+                except Exception as e:  # noqa: BLE001 - report which variant failed
+                    raise SystemExit(f"error: compiling {job['id']} failed: {type(e).__name__}: {e}")
+                results.append(r)
+                print(f"[{len(results)}/{len(todo)}] {job['id']} ({r['seconds']:.1f} s)", flush=True)
+    variants, files = [], {}
+    defaults = {}
+    for r in sorted(results, key=lambda r: todo.index(r["job"])):
+        j, md = r["job"], r["md"]
+        ver, tgt, params = ptx_facts(r["ptx"], md["name"])
+        want_tgt = "sm_90a" if j["arch"] == 90 else f"sm_{j['arch']}"
+        if tgt != want_tgt:
+            raise SystemExit(f"error: {j['id']}: PTX .target {tgt}, expected {want_tgt}")
+        metas = list(r["tensordesc_meta"])
+        kinds = []
+        mi = iter(metas)
+        for a in j["args"]:
+            meta = next(mi, None) if a["type"].startswith("tensordesc<") and metas else None
+            kinds += _ptx_kinds(a, meta)
+        if len(params) != len(kinds) + 2 or not all(_ptx_param_ok(k, p) for k, p in zip(kinds, params)):
+            raise SystemExit(f"error: {j['id']}: the PTX .entry parameters {params} do not match the launch "
+                             f"signature {[a['type'] for a in j['args']]} (+ 2 scratch pointers)")
+        if md["triton_version"] != TRITON_VERSION:
+            raise SystemExit(f"error: {j['id']}: compiled by triton {md['triton_version']}")
+        key = (j["name"], j["arch"])
+        entry = {
+            "id": j["id"], "kernel": j["name"], "entry": md["name"], "source": path.name, "source_hash": src_hash,
+            "signature": j["args"], "constexprs": j["constexprs"], "num_warps": int(md["num_warps"]),
+            "num_stages": int(md["num_stages"]), "num_ctas": int(md["num_ctas"]),
+            "cluster_dims": [int(md["num_ctas"]), 1, 1], "shared": int(md["shared"] or 0),
+            "global_scratch_size": int(md["global_scratch_size"] or 0),
+            "global_scratch_align": int(md["global_scratch_align"] or 1),
+            "profile_scratch_size": int(md["profile_scratch_size"] or 0),
+            "profile_scratch_align": int(md["profile_scratch_align"] or 1),
+            "launch_pdl": bool(md["launch_pdl"]), "launch_cooperative_grid": bool(md["launch_cooperative_grid"]),
+            "arch": j["arch"], "ptx_target": tgt, "ptx_version": ver,
+            "default": False, "ptx": _file_ref(r["ptx"].encode(), "ptx", files),
+        }
+        if metas:
+            entry["tensordesc_meta"] = metas
+        if r["cubin"] is not None:
+            entry["cubin"] = _file_ref(r["cubin"], "cubin", files)
+        if j["default"] is True or (j["default"] is None and key not in defaults):
+            if j["default"] is True and defaults.get(key, {}).get("explicit"):
+                raise SystemExit(f"error: two variants of {j['name']} sm{j['arch']} say \"default\": true")
+            if key in defaults:
+                defaults[key]["entry"]["default"] = False
+            entry["default"] = True
+            defaults[key] = {"entry": entry, "explicit": j["default"] is True}
+        variants.append(entry)
+    variants.sort(key=lambda e: e["id"])
+    manifest = {"schema_version": SCHEMA_VERSION, "triton_version": TRITON_VERSION, "variants": variants}
+    for fname, data in sorted(files.items()):
+        p = out / fname
+        if not (p.exists() and p.read_bytes() == data):
+            atomic_write(p, data)
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write(out / "manifest.json", text.encode())
+    stale = [p for p in out.iterdir() if HASHED_NAME.match(p.name) and p.name not in files]
+    for p in stale:
+        p.unlink()
+    print(f"build: wrote {len(variants)} variants, {len(files)} files to {out}", flush=True)
+    return manifest
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="build into a temp dir and compare with --out")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default: ptx_cache/)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--list", action="store_true", help="list the variants and exit")
+    ap.add_argument("--user", type=Path, metavar="FILE.py",
+                    help="compile the variants --spec describes of this Triton source file instead of "
+                         "kernels_triton/ (needs --spec and --out)")
+    ap.add_argument("--spec", type=Path, metavar="SPEC.json", help="the variant spec of --user:\n" + USER_SPEC)
     ap.add_argument("--only", metavar="MODULE[,MODULE]",
                     help="recompile only these kernel modules (e.g. pq_kmeans); the other modules' "
                          "entries and files are kept from --out, whose sources must be unchanged")
@@ -489,6 +822,20 @@ def main(argv=None) -> int:
               f"the manifest are pinned to it); found triton {triton.__version__} at {triton.__file__}",
               file=sys.stderr)
         return 2
+    if args.user is not None:
+        if args.spec is None or args.out == DEFAULT_OUT:
+            print("error: --user needs --spec SPEC.json and --out DIR", file=sys.stderr)
+            return 2
+        try:
+            spec = json.loads(args.spec.read_text())
+        except (OSError, ValueError) as e:
+            print(f"error: reading the spec {args.spec}: {e}", file=sys.stderr)
+            return 2
+        if not args.user.is_file():
+            print(f"error: {args.user} is not a file", file=sys.stderr)
+            return 2
+        build_user(args.user.resolve(), spec, args.out, max(1, args.jobs))
+        return 0
     if args.list:
         for j in jobs_for(load_kernels(kernel_modules())):
             print(j[4])

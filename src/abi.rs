@@ -5,6 +5,11 @@
 use crate::artifact::{Arg, ArgType, Dtype, Variant};
 use crate::error::{Error, Result};
 
+mod desc;
+pub use desc::{
+    desc_metas, expand_arg, kernel_params, tma_host_dtype, ParamKind, TensorDescArg, TmaEncode,
+};
+
 #[cfg(target_endian = "big")]
 compile_error!("kernel parameter packing assumes a little-endian host");
 
@@ -82,6 +87,9 @@ pub enum KernelArg {
     F32(f32),
     /// `fp64`.
     F64(f64),
+    /// A host tensor descriptor, for a `tensordesc<...>` argument: a buffer of its
+    /// element dtype, the tensor's shape and strides (the block shape is the kernel's).
+    TensorDesc(TensorDescArg),
 }
 
 impl KernelArg {
@@ -89,6 +97,9 @@ impl KernelArg {
     pub fn kind(&self) -> String {
         match self {
             KernelArg::Buf(b) => return format!("Buf of *{}", b.dtype.name()),
+            KernelArg::TensorDesc(d) => {
+                return format!("TensorDesc of {} {:?}", d.base().dtype().name(), d.shape())
+            }
             KernelArg::RawPtr(_) => "RawPtr (bare device address)",
             KernelArg::Bool(_) => "Bool (i1)",
             KernelArg::I8(_) => "I8",
@@ -114,7 +125,9 @@ impl KernelArg {
         match (self, ty) {
             (KernelArg::Buf(b), ArgType::Ptr(d)) => d.is_none_or(|d| d == b.dtype),
             (KernelArg::RawPtr(_), ArgType::Ptr(_)) => true,
-            (_, ArgType::Ptr(_)) | (KernelArg::Buf(_) | KernelArg::RawPtr(_), _) => false,
+            (KernelArg::TensorDesc(_), ArgType::TensorDesc(_)) => true,
+            (_, ArgType::Ptr(_) | ArgType::TensorDesc(_))
+            | (KernelArg::Buf(_) | KernelArg::RawPtr(_) | KernelArg::TensorDesc(_), _) => false,
             (a, ArgType::Scalar(d)) => matches!(
                 (a, d),
                 (KernelArg::Bool(_), D::I1)
@@ -134,10 +147,13 @@ impl KernelArg {
         }
     }
 
-    /// The value as the kernel reads it, in the low bytes of a little-endian u64.
+    /// The value as the kernel reads it, in the low bytes of a little-endian u64 (a
+    /// tensor descriptor: its buffer's address; its parameters are packed by
+    /// [`pack_params`]).
     pub fn slot(&self) -> u64 {
         match *self {
             KernelArg::Buf(b) => b.addr,
+            KernelArg::TensorDesc(d) => d.base().addr,
             KernelArg::RawPtr(p) => p,
             KernelArg::Bool(b) => b as u64,
             KernelArg::I8(v) => v as u8 as u64,
@@ -158,6 +174,7 @@ impl KernelArg {
     /// The magnitude of an address or integer (for divisibility), `None` for floats.
     fn int_magnitude(&self) -> Option<u64> {
         Some(match *self {
+            KernelArg::TensorDesc(_) => return None,
             KernelArg::Buf(b) => b.addr,
             KernelArg::RawPtr(p) => p,
             KernelArg::Bool(b) => b as u64,
@@ -206,23 +223,43 @@ pub fn arg_positions(
         .collect()
 }
 
-/// Check `args` against the variant's signature and pack them: one u64 slot per
-/// argument, holding the value in its low bytes (the kernel reads exactly the
-/// parameter's size from the slot's address). Scratch pointers are not included.
+/// Check `args` against the variant's signature and pack them: one u64 slot per kernel
+/// parameter, holding the value in its low bytes (the kernel reads exactly the
+/// parameter's size from the slot's address). A tensor descriptor argument fills several
+/// slots ([`expand_arg`]); its `CUtensorMap`, which only the driver can encode, gets a 0
+/// placeholder (see [`pack_params`]). Scratch pointers are not included.
 ///
 /// Errors: [`Error::ArgCount`], [`Error::ArgType`] (names kernel, index, argument,
 /// expected and given type), [`Error::ArgDivisibility`] (a pointer or integer that is not
-/// a multiple of the `divisibility` the variant was compiled to assume).
+/// a multiple of the `divisibility` the variant was compiled to assume),
+/// [`Error::ArgDesc`] (a tensor descriptor that does not fit its buffer or TMA's rules).
 pub fn pack_args(variant: &Variant, args: &[KernelArg]) -> Result<Vec<u64>> {
+    Ok(pack_params(variant, args)?.slots)
+}
+
+/// Packed launch parameters: one slot per kernel parameter, and the `CUtensorMap`s the
+/// driver layer must encode into the slots named.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedParams {
+    /// One u64 per kernel parameter (a 0 placeholder where a `CUtensorMap` goes).
+    pub slots: Vec<u64>,
+    /// `(slot index, encode call)` of each TMA descriptor parameter.
+    pub tma: Vec<(usize, TmaEncode)>,
+}
+
+/// [`pack_args`], with the TMA descriptors to encode. Errors: as [`pack_args`].
+pub fn pack_params(variant: &Variant, args: &[KernelArg]) -> Result<PackedParams> {
     let mut slots = Vec::with_capacity(args.len() + 2);
-    pack_args_into(variant, args, &mut slots)?;
-    Ok(slots)
+    let mut tma = Vec::new();
+    pack_args_into(variant, args, &mut slots, &mut tma)?;
+    Ok(PackedParams { slots, tma })
 }
 
 pub(crate) fn pack_args_into(
     variant: &Variant,
     args: &[KernelArg],
     slots: &mut Vec<u64>,
+    tma: &mut Vec<(usize, TmaEncode)>,
 ) -> Result<()> {
     if args.len() != variant.signature.len() {
         return Err(Error::ArgCount {
@@ -232,6 +269,7 @@ pub(crate) fn pack_args_into(
             signature: variant.signature_string(),
         });
     }
+    let mut metas = variant.tensordesc_meta.iter();
     for (index, (arg, param)) in args.iter().zip(&variant.signature).enumerate() {
         if !arg.matches(param.ty) {
             return Err(Error::ArgType {
@@ -241,6 +279,20 @@ pub(crate) fn pack_args_into(
                 expected: param.ty.to_string(),
                 got: arg.kind(),
             });
+        }
+        if let (KernelArg::TensorDesc(d), ArgType::TensorDesc(t)) = (arg, param.ty) {
+            let at = slots.len();
+            let p = desc::pack_desc(t, metas.next(), d, slots).map_err(|msg| Error::ArgDesc {
+                kernel: variant.id.clone(),
+                index,
+                name: param.name.clone(),
+                ty: param.ty.to_string(),
+                msg,
+            })?;
+            if let Some(e) = p.encode {
+                tma.push((at, e));
+            }
+            continue;
         }
         if param.divisibility > 1 && param.ty.divisibility_applies() {
             if let Some(v) = arg.int_magnitude() {

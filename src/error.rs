@@ -236,6 +236,22 @@ pub enum Error {
         divisibility: u32,
     },
 
+    /// A tensor descriptor argument cannot describe its buffer as the variant needs
+    /// (rank, dtype, alignment, strides, extent beyond the buffer, encoding refused).
+    #[error("kernel {kernel}: argument {index} ({name}: {ty}): {msg}")]
+    ArgDesc {
+        /// The variant id.
+        kernel: String,
+        /// 0-based position in the signature.
+        index: usize,
+        /// The argument's name.
+        name: String,
+        /// The descriptor type in the signature (`tensordesc<fp16[64, 64]>`).
+        ty: String,
+        /// What is wrong and what was expected.
+        msg: String,
+    },
+
     /// A kernel needs more shared memory per block than the device offers.
     #[error("kernel {kernel}: needs {requested} bytes of shared memory per block, the device allows at most {max} bytes")]
     SharedMemory {

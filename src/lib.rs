@@ -6,8 +6,9 @@
 //! - runtime: [`runtime`] (variants by id: store -> cubin cache -> loaded kernel),
 //!   [`tune`] (generic tuner and its table), [`jit`] (PTX -> cubin cache), [`artifact`]
 //!   (manifest, verified store, Triton-cache import), [`abi`] (Triton 3.6 launch ABI,
-//!   pure), [`driver`] (all driver calls: device and context, own or borrowed, modules,
-//!   launches, graphs, device buffers), [`error`] (one error enum).
+//!   pure), [`bindgen`] (typed launchers generated from a manifest), [`driver`] (all
+//!   driver calls: device and context, own or borrowed, modules, launches, graphs, device
+//!   buffers, TMA descriptors), [`error`] (one error enum).
 //!
 //! Data flow: `kernels_triton/*.py` --(AOT build)--> `ptx_cache/` (manifest +
 //! content-addressed PTX/cubin) --([`artifact`], verified)--> [`jit`] (cubin for this
@@ -19,6 +20,7 @@
 
 pub mod abi;
 pub mod artifact;
+pub mod bindgen;
 pub mod driver;
 pub mod error;
 pub mod jit;
@@ -27,3 +29,8 @@ pub mod runtime;
 pub mod tune;
 
 pub use error::{Error, Result};
+
+// Generated launchers (`bindgen`) name cudarc's and half's types through these, so they
+// compile against the very versions this crate uses.
+pub use cudarc;
+pub use half;

@@ -424,12 +424,15 @@ fn import_refuses_bad_entries() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("axpy_kernel.ptx"), "{e}");
-    // TTIR that disagrees with the PTX (an argument too many).
+    // TTIR that disagrees with the PTX (an argument too many; import reads the
+    // frontend's `.source` first, then `.ttir`).
     let entry2 = t.path().join("entry2");
     copy_dir(&fixtures().join("triton_cache_entry"), &entry2);
-    let ttir = entry2.join("axpy_kernel.ttir");
-    let text = fs::read_to_string(&ttir).unwrap();
-    fs::write(&ttir, text.replacen("%n: i32", "%n: i32, %m: i32", 1)).unwrap();
+    for ext in ["source", "ttir"] {
+        let ttir = entry2.join(format!("axpy_kernel.{ext}"));
+        let text = fs::read_to_string(&ttir).unwrap();
+        fs::write(&ttir, text.replacen("%n: i32", "%n: i32, %m: i32", 1)).unwrap();
+    }
     let e = import_triton_cache_entry(&entry2, &t.path().join("c2"))
         .unwrap_err()
         .to_string();

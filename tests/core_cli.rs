@@ -165,6 +165,8 @@ fn every_subcommand_has_help() {
         ("verify", "--ptx-cache"),
         ("warmup", "--device"),
         ("import", "<DIR>"),
+        ("launch", "--grid"),
+        ("bindgen", "--out"),
     ] {
         let (code, out, _) = tritonrt(&[sub, "--help"], &[]);
         assert_eq!(code, 0, "{sub}");
@@ -173,4 +175,27 @@ fn every_subcommand_has_help() {
             "{sub}: {out}"
         );
     }
+    let (code, out, _) = tritonrt(&["build", "--help"], &[]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("--signature")
+            && out.contains("TRITONRT_PYTHON")
+            && out.contains("tools/compile.py"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bindgen_prints_typed_launchers() {
+    let (code, out, err) = tritonrt(
+        &[
+            "bindgen",
+            "--ptx-cache",
+            fixtures().join("ptx_cache").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pub fn axpy_kernel("), "{out}");
+    assert!(out.contains("n: i32,"), "{out}");
 }

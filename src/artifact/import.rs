@@ -16,8 +16,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::types::{ptx_header, Arg, ArgType, Dtype, FileRef, Manifest, Variant, SCHEMA_VERSION};
+use super::types::{
+    ptx_header, Arg, ArgType, DescType, Dtype, FileRef, Manifest, TmaMeta, Variant, SCHEMA_VERSION,
+};
 use super::{manifest_to_bytes, parse_manifest, sha256_hex, write_atomic, MANIFEST_FILE};
+use crate::abi::{expand_arg, ParamKind};
 use crate::error::{Error, Result};
 
 /// Where an imported variant's signature came from.
@@ -69,6 +72,8 @@ struct TritonMetadata {
     launch_pdl: bool,
     #[serde(default)]
     launch_cooperative_grid: bool,
+    #[serde(default)]
+    tensordesc_meta: Option<Vec<TmaMeta>>,
     triton_version: String,
 }
 
@@ -160,7 +165,11 @@ pub fn import_triton_cache_entry(entry_dir: &Path, ptx_cache_dir: &Path) -> Resu
     }
     let user_params = &params[..params.len() - 2];
 
-    let ttir = ["ttir", "source"]
+    // `.source` is the frontend's TTIR, before any pass: a host tensor descriptor is still
+    // one `!tt.tensordesc` argument there (in `.ttir` an sm_80 compile has already
+    // decomposed it into a pointer, shapes and strides).
+    let tensordesc_meta = md.tensordesc_meta.clone().unwrap_or_default();
+    let ttir = ["source", "ttir"]
         .iter()
         .map(|ext| entry_dir.join(format!("{}.{ext}", md.name)))
         .find_map(|p| std::fs::read_to_string(&p).ok().map(|t| (p, t)));
@@ -168,7 +177,7 @@ pub fn import_triton_cache_entry(entry_dir: &Path, ptx_cache_dir: &Path) -> Resu
         Some((path, text)) => {
             let args = parse_ttir_signature(&text, &md.name)
                 .map_err(|m| bad(format!("{}: {m}", path.display())))?;
-            check_against_ptx(&args, user_params).map_err(|m| {
+            check_against_ptx(&args, &tensordesc_meta, user_params).map_err(|m| {
                 bad(format!(
                     "{} and {} disagree: {m}",
                     path.display(),
@@ -177,8 +186,24 @@ pub fn import_triton_cache_entry(entry_dir: &Path, ptx_cache_dir: &Path) -> Resu
             })?;
             (args, SignatureSource::Ttir)
         }
-        None => (signature_from_ptx(user_params), SignatureSource::Ptx),
+        None => (
+            signature_from_ptx(user_params)
+                .map_err(|m| bad(format!("{}: {m}", ptx_path.display())))?,
+            SignatureSource::Ptx,
+        ),
     };
+    let n_desc = signature
+        .iter()
+        .filter(|a| matches!(a.ty, ArgType::TensorDesc(_)))
+        .count();
+    if !tensordesc_meta.is_empty() && tensordesc_meta.len() != n_desc {
+        return Err(bad(format!(
+            "{}: tensordesc_meta has {} entries, the signature {} tensor descriptors",
+            json_path.display(),
+            tensordesc_meta.len(),
+            n_desc
+        )));
+    }
 
     let hash_prefix: String = md.hash.chars().take(16).collect();
     let ptx_ref = FileRef {
@@ -213,6 +238,7 @@ pub fn import_triton_cache_entry(entry_dir: &Path, ptx_cache_dir: &Path) -> Resu
         profile_scratch_align: md.profile_scratch_align,
         launch_pdl: md.launch_pdl,
         launch_cooperative_grid: md.launch_cooperative_grid,
+        tensordesc_meta,
         arch,
         ptx_target: header.target.clone(),
         ptx_version: header.version.to_string(),
@@ -355,6 +381,9 @@ pub(crate) struct PtxParam {
     pub is_ptr: bool,
     /// Size in bytes.
     pub bytes: usize,
+    /// Declared as a byte array (`.param .align A .b8 p[N]`): fp16 / bf16 scalars (N = 2)
+    /// and TMA descriptors (N = 128).
+    pub aggregate: bool,
 }
 
 /// Parse the parameter list of `.entry <name>(...)`.
@@ -387,10 +416,22 @@ pub(crate) fn parse_ptx_entry_params(
         if toks.first() != Some(&".param") {
             return Err(format!("parameter {i}: {decl:?} is not a .param"));
         }
-        if decl.contains('[') {
-            return Err(format!(
-                "parameter {i}: {decl:?} is an aggregate (e.g. a TMA descriptor); not supported"
-            ));
+        if let Some(open) = decl.find('[') {
+            // `.param .align A .b8 name[N]`: N bytes passed by value.
+            let n = decl[open + 1..]
+                .strip_suffix(']')
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0 && toks.contains(&".b8"))
+                .ok_or_else(|| {
+                    format!("parameter {i}: {decl:?}: expected .param .align A .b8 name[N]")
+                })?;
+            out.push(PtxParam {
+                ty: ".b8".to_string(),
+                is_ptr: false,
+                bytes: n,
+                aggregate: true,
+            });
+            continue;
         }
         let ty = toks
             .iter()
@@ -427,16 +468,30 @@ pub(crate) fn parse_ptx_entry_params(
             ty: ty.to_string(),
             is_ptr: toks.contains(&".ptr"),
             bytes,
+            aggregate: false,
         });
     }
     Ok(out)
 }
 
-fn signature_from_ptx(params: &[PtxParam]) -> Vec<Arg> {
+fn signature_from_ptx(params: &[PtxParam]) -> std::result::Result<Vec<Arg>, String> {
     params
         .iter()
         .enumerate()
         .map(|(i, p)| {
+            if p.aggregate {
+                return Err(format!(
+                    "parameter {i} is a {}-byte .b8 array ({}); the PTX alone cannot say \
+                     which type it holds: import the entry with Triton's <name>.source or \
+                     <name>.ttir next to it",
+                    p.bytes,
+                    match p.bytes {
+                        2 => "an fp16 or bf16 scalar",
+                        128 => "a TMA descriptor",
+                        _ => "an aggregate",
+                    }
+                ));
+            }
             let ty = if p.is_ptr {
                 ArgType::Ptr(None)
             } else {
@@ -451,31 +506,60 @@ fn signature_from_ptx(params: &[PtxParam]) -> Vec<Arg> {
                     _ => Dtype::I8,
                 })
             };
-            Arg {
+            Ok(Arg {
                 name: format!("arg{i}"),
                 ty,
                 divisibility: if p.is_ptr { 16 } else { 1 },
-            }
+            })
         })
         .collect()
 }
 
-fn check_against_ptx(args: &[Arg], params: &[PtxParam]) -> std::result::Result<(), String> {
-    if args.len() != params.len() {
+/// Whether PTX parameter `p` can hold kernel parameter `k`.
+fn ptx_param_fits(k: ParamKind, p: &PtxParam) -> bool {
+    match k {
+        ParamKind::Ptr => p.is_ptr && p.bytes == 8,
+        ParamKind::TmaDesc => p.aggregate && p.bytes == 128,
+        // fp16 / bf16 are declared as 2-byte arrays; every other scalar by its width.
+        ParamKind::Scalar(d @ (Dtype::Fp16 | Dtype::Bf16)) => {
+            !p.is_ptr && p.bytes == d.size_bytes()
+        }
+        ParamKind::Scalar(d) => !p.is_ptr && !p.aggregate && p.bytes == d.size_bytes(),
+    }
+}
+
+fn check_against_ptx(
+    args: &[Arg],
+    metas: &[TmaMeta],
+    params: &[PtxParam],
+) -> std::result::Result<(), String> {
+    let mut metas = metas.iter();
+    let mut expanded = Vec::new();
+    for a in args {
+        let meta = match a.ty {
+            ArgType::TensorDesc(_) => metas.next(),
+            _ => None,
+        };
+        expanded.extend(expand_arg(a.ty, meta).into_iter().map(|k| (a, k)));
+    }
+    if expanded.len() != params.len() {
         return Err(format!(
-            "the TTIR declares {} arguments, the PTX .entry {} (+2 scratch pointers)",
+            "the TTIR's {} arguments make {} kernel parameters, the PTX .entry has {} \
+             (+2 scratch pointers)",
             args.len(),
+            expanded.len(),
             params.len()
         ));
     }
-    for (i, (a, p)) in args.iter().zip(params).enumerate() {
-        let ptr = matches!(a.ty, ArgType::Ptr(_));
-        if ptr != p.is_ptr || a.ty.param_bytes() != p.bytes {
+    for (i, ((a, k), p)) in expanded.iter().zip(params).enumerate() {
+        if !ptx_param_fits(*k, p) {
             return Err(format!(
-                "argument {i} ({}): TTIR type {} but PTX parameter {}{} ({} bytes)",
+                "parameter {i} (of argument {}: {}): expected {k:?} ({} bytes) but the PTX \
+                 declares {}{} ({} bytes)",
                 a.name,
                 a.ty,
-                p.ty,
+                k.bytes(),
+                if p.aggregate { ".b8 array" } else { &p.ty },
                 if p.is_ptr { " .ptr" } else { "" },
                 p.bytes
             ));
@@ -537,10 +621,40 @@ pub(crate) fn parse_ttir_signature(
     if !cur.trim().is_empty() {
         args.push(cur);
     }
-    args.iter()
+    let parsed = args
+        .iter()
         .enumerate()
         .map(|(i, a)| parse_ttir_arg(i, a.trim()))
-        .collect()
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    // Triton's frontend follows each host tensor descriptor with its shape (i32s) and
+    // strides (i64s) as extra arguments of the same name: fold them into the descriptor.
+    let mut out = Vec::with_capacity(parsed.len());
+    let mut it = parsed.into_iter().enumerate();
+    while let Some((i, a)) = it.next() {
+        if let ArgType::TensorDesc(t) = a.ty {
+            let n = t.ndim();
+            for j in 0..2 * n {
+                let want = if j < n { Dtype::I32 } else { Dtype::I64 };
+                match it.next() {
+                    Some((_, b)) if b.ty == ArgType::Scalar(want) => {}
+                    other => {
+                        return Err(format!(
+                            "argument {i} ({}: {}) must be followed by {n} i32 shapes and {n} \
+                             i64 strides; found {}",
+                            a.name,
+                            a.ty,
+                            other.map_or("the end of the list".to_string(), |(_, b)| format!(
+                                "{}: {}",
+                                b.name, b.ty
+                            ))
+                        ))
+                    }
+                }
+            }
+        }
+        out.push(a);
+    }
+    Ok(out)
 }
 
 fn parse_ttir_arg(i: usize, a: &str) -> std::result::Result<Arg, String> {
@@ -550,7 +664,29 @@ fn parse_ttir_arg(i: usize, a: &str) -> std::result::Result<Arg, String> {
     let rest = rest.trim_start();
     let ty_end = rest.find([' ', '{']).unwrap_or(rest.len());
     let ty_str = &rest[..ty_end];
-    let ty = if let Some(inner) = ty_str.strip_prefix("!tt.ptr<") {
+    let ty = if let Some(inner) = ty_str.strip_prefix("!tt.tensordesc<tensor<") {
+        // `!tt.tensordesc<tensor<64x64xf16>>` (maybe `tensor<64x64xf16, #layout>`)
+        let inner = inner.split([',', '>']).next().unwrap_or("");
+        let mut dims: Vec<&str> = inner.split('x').collect();
+        let elem = dims.pop().unwrap_or("");
+        let block = dims
+            .iter()
+            .map(|d| d.parse::<u32>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .ok();
+        let dtype = mlir_dtype(elem);
+        match (
+            dtype,
+            block.and_then(|b| dtype.and_then(|d| DescType::new(d, &b))),
+        ) {
+            (Some(_), Some(t)) => ArgType::TensorDesc(t),
+            _ => {
+                return Err(format!(
+                    "argument {i} ({ssa}): unsupported tensor descriptor type {ty_str:?}"
+                ))
+            }
+        }
+    } else if let Some(inner) = ty_str.strip_prefix("!tt.ptr<") {
         let elem = inner.trim_end_matches('>').split(',').next().unwrap_or("");
         ArgType::Ptr(mlir_dtype(elem.trim()))
     } else {

@@ -21,8 +21,8 @@ mod types;
 pub use import::{import_triton_cache_entry, ImportReport, SignatureSource};
 pub use ptx::{check_ptx_version, cuda_version_of, ptx_isa_max_for_cuda};
 pub use types::{
-    is_arch_specific_target, ptx_header, Arg, ArgType, Dtype, FileRef, Manifest, PtxHeader,
-    PtxVersion, Variant, SCHEMA_VERSION,
+    is_arch_specific_target, ptx_header, Arg, ArgType, DescType, Dtype, FileRef, Manifest,
+    PtxHeader, PtxVersion, TmaMeta, Variant, SCHEMA_VERSION,
 };
 
 /// File name of the manifest inside a ptx_cache directory.
@@ -376,6 +376,33 @@ pub fn validate_manifest(m: &Manifest) -> std::result::Result<(), String> {
                     "variant {id}: argument {i} ({}) divisibility {} is not a power of two",
                     a.name, a.divisibility
                 ));
+            }
+        }
+        let descs: Vec<&Arg> = v
+            .signature
+            .iter()
+            .filter(|a| matches!(a.ty, ArgType::TensorDesc(_)))
+            .collect();
+        if !v.tensordesc_meta.is_empty() && v.tensordesc_meta.len() != descs.len() {
+            return Err(format!(
+                "variant {id}: {} tensordesc_meta entries for {} tensor descriptor arguments \
+                 (expected one per descriptor, or none)",
+                v.tensordesc_meta.len(),
+                descs.len()
+            ));
+        }
+        for (a, m) in descs.iter().zip(&v.tensordesc_meta) {
+            if let ArgType::TensorDesc(t) = a.ty {
+                if m.block_size.len() != t.ndim() || m.block_size.contains(&0) {
+                    return Err(format!(
+                        "variant {id}: argument {} ({}): tensordesc_meta block_size {:?} \
+                         does not have its {} dimensions",
+                        a.name,
+                        a.ty,
+                        m.block_size,
+                        t.ndim()
+                    ));
+                }
             }
         }
         for f in std::iter::once(&v.ptx).chain(v.cubin.as_ref()) {

@@ -89,6 +89,34 @@ pub struct Variant {
     /// The cubin file (arch 90 variants; arch 80 variants carry PTX only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cubin: Option<FileRef>,
+    /// How the compiler lowered each host tensor descriptor argument
+    /// (`tensordesc<...>` in the signature) to a TMA descriptor, in signature order: Triton
+    /// 3.6's `tensordesc_meta`. Empty when the signature has none, or when the compiler did
+    /// not lower them to TMA (sm_80): each is then passed decomposed (base pointer, shape
+    /// and strides; see [`crate::abi::expand_arg`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensordesc_meta: Vec<TmaMeta>,
+}
+
+/// How Triton 3.6 encodes one host tensor descriptor as a `CUtensorMap` (its
+/// `tensordesc_meta` entry, as the compiler wrote it): the launcher passes these to
+/// `cuTensorMapEncodeTiled`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TmaMeta {
+    /// `CUtensorMapSwizzle`: 0 none, 1 32 B, 2 64 B, 3 128 B.
+    pub swizzle: u32,
+    /// Bytes per element.
+    pub elem_size: u32,
+    /// The element type in the compiler's (device-side) numbering; the launcher maps it
+    /// to the driver's `CUtensorMapDataType` as Triton does (8 -> 10, 9 -> 8, 10 -> 9).
+    pub elem_type: u32,
+    /// The TMA box in elements, outermost dimension first (may be smaller than the
+    /// descriptor's block shape when the compiler splits a copy).
+    pub block_size: Vec<u32>,
+    /// The innermost dimension holds padded fp4 pairs (not supported by this launcher:
+    /// refused at launch).
+    #[serde(default)]
+    pub fp4_padded: bool,
 }
 
 fn one() -> u32 {
@@ -198,8 +226,12 @@ impl Dtype {
         }
     }
 
-    /// Parse Triton's spelling; `None` for anything else.
+    /// Parse Triton's spelling; `None` for anything else. `u1` (Triton 3.6's canonical
+    /// name of a bool) is read as `i1`.
     pub fn parse(s: &str) -> Option<Dtype> {
+        if s == "u1" {
+            return Some(Dtype::I1);
+        }
         Dtype::ALL.into_iter().find(|d| d.name() == s)
     }
 
@@ -239,12 +271,79 @@ pub enum ArgType {
     Ptr(Option<Dtype>),
     /// A scalar passed by value.
     Scalar(Dtype),
+    /// A host tensor descriptor, `tensordesc<fp16[64, 64]>`: one argument in the
+    /// source, several kernel parameters (a 128-byte `CUtensorMap` then the shape and the
+    /// strides; see [`crate::abi::expand_arg`]).
+    TensorDesc(DescType),
+}
+
+/// The type of a host tensor descriptor argument: element dtype and block shape (the
+/// tile one load or store moves), 1 to 5 dimensions, outermost first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DescType {
+    /// Element dtype.
+    pub dtype: Dtype,
+    ndim: u8,
+    block: [u32; 5],
+}
+
+impl DescType {
+    /// A descriptor type; `None` unless `block` has 1 to 5 dimensions, each >= 1.
+    pub fn new(dtype: Dtype, block: &[u32]) -> Option<DescType> {
+        if block.is_empty() || block.len() > 5 || block.contains(&0) {
+            return None;
+        }
+        let mut b = [0; 5];
+        b[..block.len()].copy_from_slice(block);
+        Some(DescType {
+            dtype,
+            ndim: block.len() as u8,
+            block: b,
+        })
+    }
+
+    /// The block shape, outermost dimension first.
+    pub fn block(&self) -> &[u32] {
+        &self.block[..self.ndim as usize]
+    }
+
+    /// Number of dimensions (1..=5).
+    pub fn ndim(&self) -> usize {
+        self.ndim as usize
+    }
 }
 
 impl ArgType {
-    /// Parse Triton's spelling: `*fp32`, `*` (unknown element type), `i32`, `fp16`, ...
+    /// Parse Triton's spelling: `*fp32`, `*` (unknown element type), `i32`, `fp16`,
+    /// `tensordesc<fp16[64, 64]>`, ...
     pub fn parse(s: &str) -> Result<ArgType, String> {
         let s = s.trim();
+        if let Some(inner) = s.strip_prefix("tensordesc<") {
+            let bad = || {
+                format!(
+                    "malformed tensor descriptor type {s:?} (expected e.g. \
+                     tensordesc<fp16[64, 64]>: an element type and 1 to 5 block sizes)"
+                )
+            };
+            let inner = inner.strip_suffix('>').ok_or_else(bad)?;
+            let (elem, dims) = inner.split_once('[').ok_or_else(bad)?;
+            let dims = dims.strip_suffix(']').ok_or_else(bad)?;
+            let dtype = Dtype::parse(elem.trim()).ok_or_else(|| {
+                format!(
+                    "unknown tensor descriptor element type {:?} in {s:?} ({})",
+                    elem.trim(),
+                    known_types()
+                )
+            })?;
+            let block = dims
+                .split(',')
+                .map(|d| d.trim().parse::<u32>())
+                .collect::<Result<Vec<u32>, _>>()
+                .map_err(|_| bad())?;
+            return DescType::new(dtype, &block)
+                .map(ArgType::TensorDesc)
+                .ok_or_else(bad);
+        }
         if let Some(elem) = s.strip_prefix('*') {
             if elem.is_empty() {
                 return Ok(ArgType::Ptr(None));
@@ -262,11 +361,13 @@ impl ArgType {
         }
     }
 
-    /// Size in bytes of the kernel parameter (8 for pointers).
+    /// Size in bytes of the kernel parameter (8 for pointers; 128 for a tensor
+    /// descriptor's `CUtensorMap`, the first of its parameters).
     pub fn param_bytes(self) -> usize {
         match self {
             ArgType::Ptr(_) => 8,
             ArgType::Scalar(d) => d.size_bytes(),
+            ArgType::TensorDesc(_) => 128,
         }
     }
 
@@ -275,6 +376,7 @@ impl ArgType {
         match self {
             ArgType::Ptr(_) => true,
             ArgType::Scalar(d) => d.is_int(),
+            ArgType::TensorDesc(_) => false,
         }
     }
 }
@@ -293,6 +395,10 @@ impl fmt::Display for ArgType {
             ArgType::Ptr(None) => write!(f, "*"),
             ArgType::Ptr(Some(d)) => write!(f, "*{}", d.name()),
             ArgType::Scalar(d) => write!(f, "{}", d.name()),
+            ArgType::TensorDesc(t) => {
+                let dims: Vec<String> = t.block().iter().map(|b| b.to_string()).collect();
+                write!(f, "tensordesc<{}[{}]>", t.dtype.name(), dims.join(", "))
+            }
         }
     }
 }

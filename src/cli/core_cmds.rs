@@ -379,6 +379,23 @@ pub fn import(a: ImportArgs) -> anyhow::Result<i32> {
         r.manifest.display()
     );
     println!("signature: {}", v.signature_string());
+    let descs: Vec<&str> = v
+        .signature
+        .iter()
+        .filter(|a| matches!(a.ty, tritonrt::artifact::ArgType::TensorDesc(_)))
+        .map(|a| a.name.as_str())
+        .collect();
+    if !descs.is_empty() {
+        println!(
+            "tensor descriptors {}: {}",
+            descs.join(", "),
+            if v.tensordesc_meta.is_empty() {
+                "passed decomposed (base pointer, shape, strides)"
+            } else {
+                "lowered to TMA (a CUtensorMap the launcher encodes from a buffer, its shape and strides)"
+            }
+        );
+    }
     if r.signature_source == SignatureSource::Ptx {
         println!(
             "note: no TTIR in the entry; argument names and pointer element types are unknown \

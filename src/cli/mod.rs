@@ -6,7 +6,9 @@ use clap::{Parser, Subcommand};
 
 mod autotune;
 mod bench;
+mod build;
 mod core_cmds;
+mod launch;
 mod prefill;
 mod run;
 
@@ -49,6 +51,39 @@ pub enum Command {
     /// Add one entry of Triton's own cache directory (`~/.triton/cache/<hash>/`) to a
     /// ptx_cache.
     Import(core_cmds::ImportArgs),
+    /// Launch one kernel variant of a ptx_cache: tensors from a safetensors file by
+    /// argument name, scalars and the grid from flags, named outputs written to a
+    /// safetensors file; `--repeat N` prints the median GPU time.
+    ///
+    /// Each argument of the kernel's signature is bound by name: a pointer (`*fp16`) or
+    /// tensor descriptor (`tensordesc<fp16[64, 64]>`) argument takes the tensor of that
+    /// name from --inputs (or a zero-filled one from --zeros), whose dtype must be the
+    /// argument's element type (a descriptor sees the tensor as contiguous row-major, with
+    /// its shape); a scalar takes --arg NAME=VALUE, or a one-element tensor of its exact
+    /// dtype from --inputs. Every argument is checked before the GPU is opened. Example:
+    ///
+    ///   tritonrt launch add_kernel --ptx-cache my_cache --inputs in.safetensors --arg n=4096
+    ///   --grid 4 --outputs out_ptr --out out.safetensors --repeat 100
+    Launch(launch::LaunchArgs),
+    /// AOT-compile a Triton source file into a ptx_cache from a variant spec (kernel,
+    /// signature with specializations, constexprs, warps, stages, archs); no GPU needed.
+    ///
+    /// The variants come from --spec SPEC.json (several kernels and variants; the format
+    /// is printed by `python kernels_triton/build.py --help`), or from --kernel and
+    /// --signature (one variant per --arch). A signature lists every parameter of the
+    /// function in order, as Triton's tools/compile.py does: a type (`*fp16`, `i32`,
+    /// `fp16`, `u64`, `i1`, `tensordesc<fp16[64, 64]>`), optionally `:16` (the pointer or
+    /// integer is a multiple of 16; launches are checked for it) or `:1` (the integer is
+    /// specialized to 1), or a constexpr value (`1024`, `0.5`, `True`, `None`). The compile
+    /// runs the pinned Triton 3.6.0 through kernels_triton/build.py (Python at build time
+    /// only); two builds of the same inputs are byte-identical. Example:
+    ///
+    ///   tritonrt build add.py --kernel add_kernel --signature "*fp32:16, *fp32:16, *fp32:16,
+    ///   i32, 1024" --out my_cache
+    Build(build::BuildArgs),
+    /// Write typed Rust launchers (one function per kernel) for the kernels of a
+    /// ptx_cache.
+    Bindgen(build::BindgenArgs),
 }
 
 /// Parse the command line, run the subcommand, print errors, and return the exit code.
@@ -63,6 +98,9 @@ pub fn main() -> i32 {
         Command::Inspect(a) => core_cmds::inspect(a),
         Command::Verify(a) => core_cmds::verify(a),
         Command::Import(a) => core_cmds::import(a),
+        Command::Launch(a) => launch::launch(a),
+        Command::Build(a) => build::build(a),
+        Command::Bindgen(a) => build::bindgen(a),
     };
     match result {
         Ok(code) => code,

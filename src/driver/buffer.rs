@@ -43,6 +43,20 @@ impl DeviceBuf {
     }
 }
 
+impl DeviceBuf {
+    /// A buffer of `bytes` bytes of `dtype` elements at device address `addr`, for memory
+    /// the runtime did not see allocated (another library's, an engine's raw pointers),
+    /// e.g. to describe it with a [`crate::abi::TensorDescArg`].
+    ///
+    /// # Safety
+    ///
+    /// `addr` .. `addr + bytes` is device memory of the context the kernel runs in, and
+    /// stays allocated until every launch given this buffer has completed.
+    pub unsafe fn from_raw_parts(addr: u64, bytes: usize, dtype: Dtype) -> DeviceBuf {
+        DeviceBuf::from_parts(addr, bytes, dtype)
+    }
+}
+
 /// A growable device buffer of `T`: grows only (never shrinks), and its contents are not
 /// kept across a growth (the new allocation is zero-filled).
 ///

@@ -65,7 +65,8 @@ impl KernelGraph {
 
     /// Point kernel node `i` (launch order) at `grid` and `args`; the node must have been
     /// captured from a launch of `kernel`. Arguments are checked as for
-    /// [`Kernel::launch`] (device buffers and scalars only). A PDL variant's node keeps
+    /// [`Kernel::launch`] (device buffers, scalars and tensor descriptors; no bare
+    /// addresses). A PDL variant's node keeps
     /// its programmatic edge.
     ///
     /// Errors: [`Error::Invalid`] (no node `i`), argument errors, [`Error::Launch`] (a

@@ -7,7 +7,9 @@
 //! is 0); `gridDim = (grid.x * num_ctas, grid.y, grid.z)`, `blockDim = 32 * num_warps`,
 //! all of `shared` as dynamic shared memory; a cluster of `(num_ctas, 1, 1)` when
 //! `num_ctas > 1`; PDL and cooperative launch as `cuLaunchKernelEx` attributes. A grid
-//! with a zero dimension launches nothing.
+//! with a zero dimension launches nothing. A host tensor descriptor argument
+//! ([`KernelArg::TensorDesc`]) is several parameters; its `CUtensorMap` is encoded for each
+//! launch (`cuTensorMapEncodeTiled`) and passed by value.
 //!
 //! Argument checking ([`crate::abi::pack_args`]) and launch planning
 //! ([`crate::abi::plan_launch`]) are pure functions, tested without a GPU.
@@ -22,7 +24,7 @@ use parking_lot::Mutex;
 
 use super::buffer::DevBuf;
 use super::device::{driver_error_strings, Device, Module};
-use crate::abi::{pack_args_into, plan_launch, KernelArg, LaunchPlan};
+use crate::abi::{pack_args_into, plan_launch, KernelArg, LaunchPlan, TmaEncode};
 use crate::artifact::Variant;
 use crate::error::CodeOrigin;
 use crate::error::{Error, Result};
@@ -287,7 +289,10 @@ impl Kernel {
     }
 
     /// Launch on `stream` with Triton's program grid `grid` and `args` in signature order:
-    /// device buffers ([`KernelArg::Buf`], made from live allocations) and scalars.
+    /// device buffers ([`KernelArg::Buf`], made from live allocations), scalars, and host
+    /// tensor descriptors ([`KernelArg::TensorDesc`]: a buffer with its shape and strides;
+    /// checked against the buffer's size, then encoded as a TMA descriptor where the
+    /// variant was compiled for one).
     /// Arguments are checked (count, types, each buffer's dtype against its pointer
     /// parameter, divisibility) and the launch planned before anything reaches the driver.
     /// The launch is asynchronous; errors raised by the kernel while running appear at the
@@ -362,7 +367,8 @@ impl Kernel {
     ) -> Result<()> {
         let plan = plan_launch(&self.variant, grid)?;
         let mut slots = Vec::with_capacity(args.len() + 2);
-        pack_args_into(&self.variant, args, &mut slots)?;
+        let mut tma = Vec::new();
+        pack_args_into(&self.variant, args, &mut slots, &mut tma)?;
         if plan.empty {
             return Ok(());
         }
@@ -370,6 +376,7 @@ impl Kernel {
             kernel: self.variant.id.clone(),
             msg,
         };
+        let mut maps = self.encode_maps(&tma)?;
         let ctx = self.device.context();
         if stream.context().cu_ctx() != ctx.cu_ctx() {
             return Err(refuse(
@@ -385,10 +392,7 @@ impl Kernel {
         };
         slots.push(g);
         slots.push(p);
-        let mut params: Vec<*mut c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect();
+        let mut params = param_pointers(&mut slots, &tma, &mut maps);
         let r = if plan.needs_ex() {
             let mut attrs = launch_attrs(&plan);
             let config = sys::CUlaunchConfig {
@@ -404,10 +408,11 @@ impl Kernel {
                 numAttrs: attrs.len() as u32,
             };
             // SAFETY: `func` is alive (self holds its module); `params` has one pointer
-            // per kernel parameter (signature checked by pack_args_into, + 2 scratch),
-            // each pointing to an 8-byte slot that outlives this call (the driver copies
-            // parameter values at launch); `attrs` outlives the call; the context is
-            // current; pointer validity is the caller's contract (# Safety).
+            // per kernel parameter (signature checked and expanded by pack_args_into, + 2
+            // scratch), each pointing to an 8-byte slot or a 128-byte CUtensorMap that
+            // outlives this call (the driver copies parameter values at launch); `attrs`
+            // outlives the call; the context is current; pointer validity is the caller's
+            // contract (# Safety).
             unsafe {
                 sys::cuLaunchKernelEx(
                     &config,
@@ -437,6 +442,24 @@ impl Kernel {
                 plan.grid, plan.block, plan.shared_bytes
             ))
         })
+    }
+
+    /// Encode the launch's TMA descriptors (none for most kernels: no allocation then).
+    fn encode_maps(&self, tma: &[(usize, TmaEncode)]) -> Result<Vec<super::tma::TensorMap>> {
+        tma.iter()
+            .map(|(slot, e)| {
+                super::tma::encode_tiled(e).map_err(|msg| {
+                    let name = crate::abi::kernel_params(&self.variant)
+                        .get(*slot)
+                        .and_then(|(i, _)| self.variant.signature.get(*i))
+                        .map_or("?".to_string(), |a| format!("{} ({})", a.name, a.ty));
+                    Error::Launch {
+                        kernel: self.variant.id.clone(),
+                        msg: format!("tensor descriptor argument {name}: {msg}"),
+                    }
+                })
+            })
+            .collect()
     }
 
     /// The scratch pointers for a launch on `stream`, growing this stream's buffers if
@@ -533,6 +556,24 @@ fn grow(
     Ok(aligned(buf).0)
 }
 
+/// The `void*` array a launch passes: one pointer per kernel parameter, to its slot, or
+/// to its encoded `CUtensorMap` for a TMA descriptor parameter. The pointers stay valid
+/// while `slots` and `maps` are neither moved nor resized.
+fn param_pointers(
+    slots: &mut [u64],
+    tma: &[(usize, TmaEncode)],
+    maps: &mut [super::tma::TensorMap],
+) -> Vec<*mut c_void> {
+    let mut params: Vec<*mut c_void> = slots
+        .iter_mut()
+        .map(|s| s as *mut u64 as *mut c_void)
+        .collect();
+    for ((slot, _), map) in tma.iter().zip(maps.iter_mut()) {
+        params[*slot] = map as *mut super::tma::TensorMap as *mut c_void;
+    }
+    params
+}
+
 fn launch_attrs(plan: &LaunchPlan) -> Vec<sys::CUlaunchAttribute> {
     use sys::CUlaunchAttributeID as Id;
     let mut attrs = Vec::new();
@@ -613,13 +654,12 @@ impl Kernel {
             ));
         }
         let mut slots = Vec::with_capacity(args.len() + 2);
-        pack_args_into(&self.variant, args, &mut slots)?;
+        let mut tma = Vec::new();
+        pack_args_into(&self.variant, args, &mut slots, &mut tma)?;
+        let mut maps = self.encode_maps(&tma)?;
         slots.push(0);
         slots.push(0);
-        let mut params: Vec<*mut c_void> = slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect();
+        let mut params = param_pointers(&mut slots, &tma, &mut maps);
         // SAFETY: `p` is plain data the driver fills for a live kernel node (caller's
         // contract); zeroed is a valid bit pattern for it (pointers and integers).
         let mut p: sys::CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
@@ -635,7 +675,8 @@ impl Kernel {
         p.kernelParams = params.as_mut_ptr();
         p.extra = std::ptr::null_mut();
         // SAFETY: `params` holds one pointer per kernel parameter (checked by
-        // pack_args_into, + the two null scratch pointers), each to an 8-byte slot that
+        // pack_args_into, + the two null scratch pointers), each to an 8-byte slot (or a
+        // 128-byte CUtensorMap) that
         // outlives this call (the driver copies the values); `exec`/`node` are live
         // (caller's contract).
         sys::cuGraphExecKernelNodeSetParams_v2(exec, node, &p)

@@ -11,6 +11,7 @@ pub mod buffer;
 pub mod device;
 pub mod graph;
 pub mod kernel;
+pub(crate) mod tma;
 
 pub use buffer::{AllocError, DevBuf, DeviceBuf, DeviceDtype};
 pub use device::{driver_err, driver_error_strings, probe_driver, Device, Module, DRIVER_LIB};
