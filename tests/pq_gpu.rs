@@ -15,36 +15,17 @@ mod common;
 use std::sync::Arc;
 
 use tritonrt::pq::gpu::{
-    execute_with_path, open_runtime, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
+    execute_with_path, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
 };
 use tritonrt::pq::{check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape};
 use tritonrt::runtime::Runtime;
 
 fn runtime() -> Option<Arc<Runtime>> {
-    let ptx = std::env::var("TRITONRT_PTX_CACHE")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache").to_string());
-    match open_runtime(0, std::path::Path::new(&ptx)).expect("opening the runtime") {
-        Ok(rt) => Some(rt),
-        Err(why) => {
-            skip!("GPU pipeline tests need a CUDA device: {why}");
-            None
-        }
-    }
+    common::gpu_runtime("GPU pipeline tests")
 }
 
-/// Fresh seed per run (printed, so a failure can be replayed with TRITONRT_TEST_SEED).
 fn seed() -> u64 {
-    let s = std::env::var("TRITONRT_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s} (set TRITONRT_TEST_SEED={s} to replay)");
-    s
+    common::test_seed()
 }
 
 #[derive(Clone, Copy)]

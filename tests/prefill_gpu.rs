@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::Arc;
 
-use tritonrt::pq::gpu::{open_runtime, DeviceInputs, GpuIndexer, LaunchMode};
+use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
 use tritonrt::pq::prefill::{
     check as pcheck, reference, DeviceKeys, GpuPrefill, KmeansInit, PrefillCheckMode,
     PrefillConfig, PrefillInputs, PrefillShape,
@@ -20,29 +20,11 @@ use tritonrt::pq::{check, DType, Metric, PqInputs, Shape};
 use tritonrt::runtime::Runtime;
 
 fn runtime() -> Option<Arc<Runtime>> {
-    let ptx = std::env::var("TRITONRT_PTX_CACHE")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache").to_string());
-    match open_runtime(0, std::path::Path::new(&ptx)).expect("opening the runtime") {
-        Ok(rt) => Some(rt),
-        Err(why) => {
-            skip!("GPU prefill tests need a CUDA device: {why}");
-            None
-        }
-    }
+    common::gpu_runtime("GPU prefill tests")
 }
 
 fn seed() -> u64 {
-    let s = std::env::var("TRITONRT_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s} (set TRITONRT_TEST_SEED={s} to replay)");
-    s
+    common::test_seed()
 }
 
 fn cfg(m: usize, bits: u32, metric: Metric, dtype: DType, init_offset: usize) -> PrefillConfig {
@@ -269,16 +251,8 @@ fn prefill_then_decode_matches_reference() {
         // (all but the last token), then decode steps quantize the new ones
         let all = PqInputs::random(&dcfg, dshape, 0, s0).expect("inputs");
         let s_p = dshape.s - 3;
-        let psh = shape(1, 2, s_p, 128);
-        let mut pkey = Vec::with_capacity(psh.key_len());
-        for bg in 0..2 {
-            pkey.extend_from_slice(&all.key[bg * dshape.s * 128..(bg * dshape.s + s_p) * 128]);
-        }
-        let pin = PrefillInputs {
-            shape: psh,
-            key: pkey,
-            centroids: None,
-        };
+        let pin = PrefillInputs::prompt_of(&all, s_p).expect("prompt");
+        let psh = pin.shape;
         let stream = rt.device().new_stream().unwrap();
         let keys = DeviceKeys::upload(&stream, &pin, dtype).unwrap();
         let pf = GpuPrefill::new(rt.clone(), &pc).unwrap();

@@ -618,23 +618,10 @@ pub fn run_with_prefill(
     let sh = inputs.shape;
     let pc = PrefillConfig::from_pq(cfg, kmeans_iter, init);
     let s_p = cfg.init_offset + inputs.n_cached;
-    let psh = PrefillShape {
-        b: sh.b,
-        h_kv: sh.h_kv,
-        s: s_p,
-        d: sh.d,
-    };
+    let pin = PrefillInputs::prompt_of(inputs, s_p)?;
+    let psh = pin.shape;
     pc.validate(&psh)
         .context("the prompt the prefill clusters (positions 0 .. init_offset + N_cached)")?;
-    let mut pkey = Vec::with_capacity(psh.key_len());
-    for bg in 0..sh.b * sh.h_kv {
-        pkey.extend_from_slice(&inputs.key[bg * sh.s * sh.d..(bg * sh.s + s_p) * sh.d]);
-    }
-    let pin = PrefillInputs {
-        shape: psh,
-        key: pkey,
-        centroids: None,
-    };
     let rt =
         match pqgpu::open_runtime(a.device, &a.ptx.ptx_cache).context("opening the GPU runtime")? {
             Ok(rt) => rt,

@@ -9,3 +9,37 @@ macro_rules! skip {
         let _ = writeln!(std::io::stderr().lock(), "SKIP: {}", format!($($arg)*));
     }};
 }
+
+/// Fresh seed per run, printed so a failure can be replayed with `TRITONRT_TEST_SEED`.
+#[allow(dead_code)] // not every test crate that includes this module draws seeds
+pub fn test_seed() -> u64 {
+    let s = std::env::var("TRITONRT_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("seed {s} (set TRITONRT_TEST_SEED={s} to replay)");
+    s
+}
+
+/// The runtime on CUDA device 0 with `TRITONRT_PTX_CACHE` (default: this crate's
+/// `ptx_cache/`), or `None` after a visible skip message naming `what` where this machine
+/// has no CUDA driver or device.
+#[allow(dead_code)] // only the GPU test crates open a runtime this way
+pub fn gpu_runtime(what: &str) -> Option<std::sync::Arc<tritonrt::runtime::Runtime>> {
+    let ptx = std::env::var("TRITONRT_PTX_CACHE")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache").to_string());
+    match tritonrt::pq::gpu::open_runtime(0, std::path::Path::new(&ptx))
+        .expect("opening the runtime")
+    {
+        Ok(rt) => Some(rt),
+        Err(why) => {
+            skip!("{what} need a CUDA device: {why}");
+            None
+        }
+    }
+}

@@ -282,41 +282,35 @@ impl GpuPrefill {
         }
         let buf_f32 = |s: &CudaSlice<f32>| DeviceBuf::of(s, stream);
         let buf_i32 = |s: &CudaSlice<i32>| DeviceBuf::of(s, stream);
-        let cent_b = buf_f32(&centroids);
-        let phi_b = buf_f32(&phi);
         let (view, pos0, k_sm, packed) = self.aligned_keys(stream, cfg, shape, key)?;
-        let common = |named: &mut Vec<(&'static str, KernelArg)>| -> Result<()> {
-            let st = view.strides();
-            named.extend([
-                ("k_ptr", KernelArg::Buf(view.buf())),
-                ("k_sb", KernelArg::I64(st[0])),
-                ("k_sh", KernelArg::I64(st[1])),
-                ("k_ss", KernelArg::I64(st[2])),
-                ("H_kv", i32_arg("H_kv", shape.h_kv)?),
-                ("M", i32_arg("M", m)?),
-                ("K", i32_arg("K", k)?),
-                ("d_s", i32_arg("d_s", d_s)?),
-                ("n", i32_arg("n", n)?),
-                ("pos0", i32_arg("init_offset", pos0)?),
-                ("k_sm", i32_arg("k_sm", k_sm)?),
-                ("per", i32_arg("per", per)?),
-                ("cap", i32_arg("cap", cap)?),
-                ("P", i32_arg("P", parts)?),
-                ("metric_ip", KernelArg::I32(i32::from(ip))),
-                ("phi_ptr", KernelArg::Buf(phi_b)),
-                ("cent_ptr", KernelArg::Buf(cent_b)),
-                ("codes_ptr", KernelArg::Buf(codes.buf())),
-                ("part_ptr", KernelArg::Buf(buf_f32(&part))),
-                ("cnt_ptr", KernelArg::Buf(buf_i32(&cnt))),
-                ("chg_ptr", KernelArg::Buf(buf_i32(&chg))),
-                ("done_ptr", KernelArg::Buf(buf_i32(&done))),
-                ("iters_ptr", KernelArg::Buf(buf_i32(&iters))),
-                ("bad_ptr", KernelArg::Buf(buf_i32(&bad))),
-            ]);
-            Ok(())
-        };
-        let mut base = Vec::with_capacity(32);
-        common(&mut base)?;
+        let st = view.strides();
+        // every argument any prefill kernel takes, by name; each launch adds its own
+        let base: Vec<(&'static str, KernelArg)> = vec![
+            ("k_ptr", KernelArg::Buf(view.buf())),
+            ("k_sb", KernelArg::I64(st[0])),
+            ("k_sh", KernelArg::I64(st[1])),
+            ("k_ss", KernelArg::I64(st[2])),
+            ("H_kv", i32_arg("H_kv", shape.h_kv)?),
+            ("M", i32_arg("M", m)?),
+            ("K", i32_arg("K", k)?),
+            ("d_s", i32_arg("d_s", d_s)?),
+            ("n", i32_arg("n", n)?),
+            ("pos0", i32_arg("init_offset", pos0)?),
+            ("k_sm", i32_arg("k_sm", k_sm)?),
+            ("per", i32_arg("per", per)?),
+            ("cap", i32_arg("cap", cap)?),
+            ("P", i32_arg("P", parts)?),
+            ("metric_ip", KernelArg::I32(i32::from(ip))),
+            ("phi_ptr", KernelArg::Buf(buf_f32(&phi))),
+            ("cent_ptr", KernelArg::Buf(buf_f32(&centroids))),
+            ("codes_ptr", KernelArg::Buf(codes.buf())),
+            ("part_ptr", KernelArg::Buf(buf_f32(&part))),
+            ("cnt_ptr", KernelArg::Buf(buf_i32(&cnt))),
+            ("chg_ptr", KernelArg::Buf(buf_i32(&chg))),
+            ("done_ptr", KernelArg::Buf(buf_i32(&done))),
+            ("iters_ptr", KernelArg::Buf(buf_i32(&iters))),
+            ("bad_ptr", KernelArg::Buf(buf_i32(&bad))),
+        ];
         let idx_buf = match &idx {
             Some(i) => buf_i32(i),
             None => buf_i32(&bad), // never read: use_idx = 0

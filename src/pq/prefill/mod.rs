@@ -466,6 +466,36 @@ pub struct PrefillInputs {
 }
 
 impl PrefillInputs {
+    /// The prompt of a decode step's inputs as a prefill's: positions `0 .. s_p` of its
+    /// keys (`[B, H_kv, s_p, D]`), no given centroids. A decode step at `S` then continues
+    /// from the prefill's codebook (`N_cached = s_p - init_offset`).
+    ///
+    /// Errors: [`Error::PqConfig`] when `s_p` exceeds the step's `S`.
+    pub fn prompt_of(inputs: &super::workload::PqInputs, s_p: usize) -> Result<Self> {
+        let sh = inputs.shape;
+        if s_p > sh.s {
+            return Err(Error::PqConfig {
+                field: "seq_len",
+                value: s_p.to_string(),
+                expected: format!("a prompt no longer than the step's S = {}", sh.s),
+            });
+        }
+        let mut key = Vec::with_capacity(sh.b * sh.h_kv * s_p * sh.d);
+        for bg in 0..sh.b * sh.h_kv {
+            key.extend_from_slice(&inputs.key[bg * sh.s * sh.d..(bg * sh.s + s_p) * sh.d]);
+        }
+        Ok(PrefillInputs {
+            shape: PrefillShape {
+                b: sh.b,
+                h_kv: sh.h_kv,
+                s: s_p,
+                d: sh.d,
+            },
+            key,
+            centroids: None,
+        })
+    }
+
     /// The first non-finite value (NaN or infinity), as (tensor name in the upstream
     /// files, flat index, value), looking at `key` then `pq_centroids`.
     pub fn first_nonfinite(&self) -> Option<(&'static str, usize, f32)> {
