@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# compute-sanitizer over every kernel path of the decode step, on a GPU machine:
-# memcheck, racecheck, synccheck and initcheck x each select path (pq_select, pq_hist,
-# split, pq_index with pq_wfill, pq_index with companion fill) x shapes (a small one with
-# GQA and the reference shape), plus bulk quantization (many new keys: pq_quantize) and
-# the short path. Each `tritonrt run` steps twice (plain launches, then graph capture and
-# replay) and checks its answer against the CPU reference.
+# compute-sanitizer over every kernel path of the decode step and the prefill, on a GPU
+# machine: memcheck, racecheck, synccheck and initcheck x each select path (pq_select,
+# pq_hist, split, pq_index with pq_wfill, pq_index with companion fill) x shapes (a small
+# one with GQA and the reference shape), plus bulk quantization (many new keys:
+# pq_quantize), the short path, and the prefill's k-means kernels (member sums fused into
+# the assignment, the separate sums kernel with ip, packed keys, prefill then decode).
+# Each `tritonrt run` steps twice (plain launches, then graph capture and replay), each
+# `tritonrt prefill` runs twice, and both check their answer against the CPU reference.
 #
 #   [SANITIZE_TOOLS="memcheck racecheck"] benches/sanitize.sh [TRITONRT_BINARY] [OUT_DIR]
 #
@@ -21,12 +23,17 @@ small="--seq-len 6000 --heads 8 --kv-heads 2 --steps 2"
 ref="--seq-len 32000 --heads 32 --kv-heads 32 --steps 2"
 cases=()
 for p in chunked hist split index-wfill index-companion; do
-  cases+=("$p small|$small --select-path $p")
-  cases+=("$p reference|$ref --select-path $p")
+  cases+=("$p small|run $small --select-path $p")
+  cases+=("$p reference|run $ref --select-path $p")
 done
-cases+=("bulk quantize (1000 new keys)|--seq-len 6000 --heads 8 --kv-heads 2 --steps 2 --n-cached 4700")
-cases+=("short path|--seq-len 300 --heads 8 --kv-heads 2 --steps 2")
-cases+=("bf16 GQA small|$small --dtype bf16 --weight-dtype bf16")
+cases+=("bulk quantize (1000 new keys)|run --seq-len 6000 --heads 8 --kv-heads 2 --steps 2 --n-cached 4700")
+cases+=("short path|run --seq-len 300 --heads 8 --kv-heads 2 --steps 2")
+cases+=("bf16 GQA small|run $small --dtype bf16 --weight-dtype bf16")
+pf="prefill --seq-len 2000 --kv-heads 2 --repeat 1"
+cases+=("prefill fused sums (M2 b6 bf16)|$pf")
+cases+=("prefill sums kernel (M4 b8 ip)|$pf --pq-group-factor 4 --pq-bits 8 --metric ip")
+cases+=("prefill packed keys (D=80, fp32)|$pf --head-dim 80 --dtype fp32")
+cases+=("prefill then decode|run --prefill $small")
 
 fail=0
 printf '%-10s %-34s %-8s %s\n' tool case check summary
@@ -38,9 +45,12 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
     args="${c#*|}"
     log="$OUT/${tool}_$(echo "$name" | tr -c 'a-zA-Z0-9' '_').log"
     # shellcheck disable=SC2086
-    timeout 900 "$CS" --tool "$tool" $extra --error-exitcode 99 "$BIN" run $args >"$log" 2>&1
+    timeout 900 "$CS" --tool "$tool" $extra --error-exitcode 99 "$BIN" $args >"$log" 2>&1
     rc=$?
-    verdict=$(grep -m1 -oE 'check: +(PASSED|FAILED)' "$log" | awk '{print $2}')
+    # every `check:` line must pass (run --prefill prints one for each half)
+    if grep -E '^check: ' "$log" | grep -q FAILED; then verdict=FAILED
+    elif grep -E '^check: ' "$log" | grep -q PASSED; then verdict=PASSED
+    else verdict=""; fi
     summary=$(grep -m1 -E '(ERROR|RACECHECK) SUMMARY' "$log" | sed 's/^========= //')
     [ -z "$verdict" ] && verdict="none"
     if [ "$rc" != 0 ] || [ "$verdict" != PASSED ]; then fail=1; fi
