@@ -446,8 +446,8 @@ for _kt in DTYPES:
                (i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("n"), i32("pos0"), i32("per"),
                 i32("cap", div16=True), i32("P"), i32("metric_ip")),
                fixed=dict(BLOCKS, BLOCK_D=64),
-               # capped at 128 registers: 4 CTAs per SM, 8-18% faster than uncapped on the
-               # H100 (NOTES.md, "prefill kernels: the sweep")
+               # capped at 128 registers (4 CTAs per SM): the fastest of uncapped, 168 and 128
+               # in the H100 sweep at K = 256 (NOTES.md, "the prefill on the GPU")
                maxnreg=128,
                variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
 KERNELS.append(

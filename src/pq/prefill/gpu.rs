@@ -3,15 +3,17 @@
 //! device in the layouts the decode indexer takes over ([`PrefillResult`],
 //! [`crate::pq::gpu::GpuIndexer::from_prefill`]).
 //!
-//! Launch sequence (one stream, no host synchronization): `pq_km_prep` (non-finite
+//! Launch sequence (one stream, no host synchronization): `pq_km_pack` only where the key
+//! view cannot be read as it is (see [`GpuPrefill::run`]), `pq_km_prep` (non-finite
 //! count, ip: `phi`), `pq_km_init` (strided or host-drawn seeds; a given codebook is
 //! copied instead), then `kmeans_iter` times `pq_km_assign` + `pq_km_sums` +
 //! `pq_km_update` (a group that converged skips the rest through its `done` flag; where
 //! one assignment tile holds every cluster and coordinate, `K <= 64` and `d_s <= 64`,
 //! the assignment writes the member sums itself and `pq_km_sums` is not launched), then
 //! a final `pq_km_assign` against the final centroids. Memory: the outputs, plus
-//! per-part sums `f32 [G, P, K, d_c]` with `P` parts per group (about two CTAs per SM
-//! over all groups), so `O(input + output)`.
+//! per-part sums `f32 [G, P, K, d_c]` with `P` parts per group (`P x G` about the
+//! assignment CTAs the SMs hold at once), plus a packed copy of the keys where one is
+//! made, so `O(input + output)`.
 
 use std::sync::Arc;
 
@@ -101,9 +103,10 @@ impl GpuPrefill {
         &self.rt
     }
 
-    /// Every kernel variant a prefill launches (for reports).
+    /// Every kernel variant a prefill may launch (for reports).
     pub fn kernels(&self) -> Vec<Arc<Kernel>> {
         vec![
+            self.pack.clone(),
             self.prep.clone(),
             self.init.clone(),
             self.assign.clone(),
@@ -115,8 +118,8 @@ impl GpuPrefill {
     /// Parts per group `P` and keys per part for `n` keys in `groups` groups: the
     /// assignment's CTAs (one per part and group) fill the SMs in whole waves, since every
     /// CTA does the same work and a last partial wave would leave SMs idle (H100: the
-    /// 4-CTAs-per-SM choice left 2.2 waves of work in 3 at H_kv=32; NOTES.md, "prefill
-    /// kernels"). Each part is a multiple of the assignment tile.
+    /// 4-CTAs-per-SM choice left 2.2 waves of work in 3 at H_kv=32; NOTES.md, "the
+    /// prefill on the GPU"). Each part is a multiple of the assignment tile.
     fn parts(&self, n: usize, groups: usize) -> Result<(usize, usize)> {
         let bn = block_n(&self.assign)?;
         let slots = resident_ctas(&self.assign) * self.rt.device().sm_count() as usize;
