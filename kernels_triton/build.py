@@ -269,6 +269,24 @@ def atomic_write(path: Path, data: bytes):
         raise
 
 
+def write_cache(out: Path, variants: list, files: dict):
+    """Write ``files`` (name -> bytes; unchanged ones are left alone) and the manifest of
+    ``variants`` (sorted by id) into ``out``, atomically each, then remove the hashed files
+    no variant references. Returns (manifest, its text, the removed paths)."""
+    variants.sort(key=lambda e: e["id"])
+    manifest = {"schema_version": SCHEMA_VERSION, "triton_version": TRITON_VERSION, "variants": variants}
+    for fname, data in sorted(files.items()):
+        p = out / fname
+        if not (p.exists() and p.read_bytes() == data):
+            atomic_write(p, data)
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write(out / "manifest.json", text.encode())
+    stale = [p for p in out.iterdir() if HASHED_NAME.match(p.name) and p.name not in files]
+    for p in stale:
+        p.unlink()
+    return manifest, text, stale
+
+
 def kept_entries(out: Path, only: set, mods: list, src_hash: dict, files: dict) -> list:
     """``--only``: the manifest entries (and their files, into ``files``) of the modules
     not rebuilt, from the existing build in ``out``. Every kept module's source must be
@@ -381,17 +399,7 @@ def build(out: Path, jobs: int, quiet: bool = False, only: set | None = None) ->
         if r["cubin"] is not None:
             entry["cubin"] = _file_ref(r["cubin"], "cubin", files)
         variants.append(entry)
-    variants.sort(key=lambda e: e["id"])
-    manifest = {"schema_version": SCHEMA_VERSION, "triton_version": TRITON_VERSION, "variants": variants}
-    for fname, data in sorted(files.items()):
-        p = out / fname
-        if not (p.exists() and p.read_bytes() == data):
-            atomic_write(p, data)
-    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-    atomic_write(out / "manifest.json", text.encode())
-    stale = [p for p in out.iterdir() if HASHED_NAME.match(p.name) and p.name not in files]
-    for p in stale:
-        p.unlink()
+    manifest, text, stale = write_cache(out, variants, files)
     size = sum((out / f).stat().st_size for f in files) + len(text)
     if not quiet:
         print(f"build: wrote {len(variants)} variants, {len(files)} files ({size / 1e6:.1f} MB), "
@@ -782,17 +790,7 @@ def build_user(path: Path, spec: dict, out: Path, jobs: int) -> dict:
             entry["default"] = True
             defaults[key] = {"entry": entry, "explicit": j["default"] is True}
         variants.append(entry)
-    variants.sort(key=lambda e: e["id"])
-    manifest = {"schema_version": SCHEMA_VERSION, "triton_version": TRITON_VERSION, "variants": variants}
-    for fname, data in sorted(files.items()):
-        p = out / fname
-        if not (p.exists() and p.read_bytes() == data):
-            atomic_write(p, data)
-    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-    atomic_write(out / "manifest.json", text.encode())
-    stale = [p for p in out.iterdir() if HASHED_NAME.match(p.name) and p.name not in files]
-    for p in stale:
-        p.unlink()
+    manifest, _, _ = write_cache(out, variants, files)
     print(f"build: wrote {len(variants)} variants, {len(files)} files to {out}", flush=True)
     return manifest
 
