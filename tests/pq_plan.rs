@@ -39,6 +39,7 @@ fn sm90(sms: u32) -> PlanFacts {
         sm_count: sms,
         hist: Some(HistFacts { emit_tile: TILE }),
         index: Some(IndexFacts { wfill: true }),
+        bulk_min: BULK_QUANTIZE_MIN,
     }
 }
 
@@ -135,12 +136,7 @@ fn rejects_an_empty_sequence_and_a_state_ahead_of_it() {
     assert!(e.to_string().contains("ahead of the sequence"), "{e}");
     // exactly caught up: no new key
     let p = plan(&cfg, shape(1, 32), s, n, SelectPath::Chunked, &f);
-    assert_eq!(
-        p.kind,
-        StepKind::Chunked {
-            bulk_quantize: false
-        }
-    );
+    assert_eq!(p.kind, StepKind::Chunked);
 }
 
 #[test]
@@ -157,14 +153,10 @@ fn chunked_bulk_quantizes_more_than_the_minimum_of_new_keys() {
             (0, true),
         ] {
             let p = plan(&cfg, shape(1, 32), s, n_old, SelectPath::Chunked, &f);
-            assert_eq!(
-                p.kind,
-                StepKind::Chunked {
-                    bulk_quantize: bulk
-                }
-            );
+            assert_eq!((p.kind, p.bulk_quantize), (StepKind::Chunked, bulk));
             let i = p.info();
             assert_eq!(i.launches, 1 + usize::from(bulk));
+            assert_eq!(i.bulk_quantize, bulk);
             assert!(!i.short && !i.hist && !i.split && !i.index && !i.companion);
         }
     }
@@ -177,9 +169,7 @@ fn without_histogram_kernels_every_path_is_chunked() {
         for (b, h, s) in [(1, 32, 32000), (4, 32, 131072), (1, 8, 20000)] {
             assert_eq!(
                 kind(&cfg, shape(b, h), s, 1, path, &no_hist()),
-                StepKind::Chunked {
-                    bulk_quantize: false
-                },
+                StepKind::Chunked,
                 "{path:?} B={b} H={h} S={s}"
             );
         }
@@ -187,47 +177,59 @@ fn without_histogram_kernels_every_path_is_chunked() {
 }
 
 #[test]
-fn histogram_path_needs_few_new_keys_none_of_them_a_candidate() {
+fn histogram_path_takes_any_number_of_new_keys_quantized_first_beyond_the_minimum() {
     let cfg = rcfg();
     let s = 32000;
+    let n = cfg.n_quantized(s);
     for path in [SelectPath::Hist, SelectPath::Split, SelectPath::Index] {
         for f in [sm90(H100_SMS), no_index()] {
-            let k = kind(&cfg, shape(1, 32), s, BULK_QUANTIZE_MIN, path, &f);
-            assert!(k.is_hist(), "{path:?}: {k:?}");
-            // one more new key: catch-up, the bulk quantize kernel and the chunked select
-            let k = kind(&cfg, shape(1, 32), s, BULK_QUANTIZE_MIN + 1, path, &f);
-            assert_eq!(
-                k,
-                StepKind::Chunked {
-                    bulk_quantize: true
-                }
-            );
+            let one = plan(&cfg, shape(1, 32), s, n - 1, path, &f);
+            for new in [
+                BULK_QUANTIZE_MIN,
+                BULK_QUANTIZE_MIN + 1,
+                100,
+                4096,
+                n - 1,
+                n,
+            ] {
+                let p = plan(&cfg, shape(1, 32), s, n - new, path, &f);
+                // the select kernels are the one-key step's, whatever the count
+                assert_eq!(p.kind, one.kind, "{path:?} {new} new keys");
+                assert!(p.kind.is_hist());
+                assert_eq!(p.bulk_quantize, new > BULK_QUANTIZE_MIN, "{path:?} {new}");
+                assert_eq!(
+                    p.info().launches,
+                    one.kind.launches() + usize::from(p.bulk_quantize)
+                );
+            }
+            // a lower minimum moves the threshold, down to bulk for one key
+            let f0 = PlanFacts { bulk_min: 0, ..f };
+            let p = plan(&cfg, shape(1, 32), s, n - 1, path, &f0);
+            assert!(p.bulk_quantize && p.kind == one.kind, "{path:?}");
+            assert!(!plan(&cfg, shape(1, 32), s, n, path, &f0).bulk_quantize);
         }
     }
-    // a window narrower than the new keys: some new key is a candidate (w0 > n_old)
+    // a window narrower than the new keys: some new key is a candidate (w0 > n_old),
+    // quantized first even below the minimum
     let narrow = PqConfig {
         window_size: 4,
         ..rcfg()
     };
     let f = sm90(H100_SMS);
-    assert_eq!(
-        kind(&narrow, shape(1, 32), s, 4, SelectPath::Hist, &f),
-        StepKind::Hist
-    );
+    let p = plan(&narrow, shape(1, 32), s, n - 4, SelectPath::Hist, &f);
+    assert_eq!((p.kind, p.bulk_quantize), (StepKind::Hist, false));
     for path in [
         SelectPath::Hist,
         SelectPath::Split,
         SelectPath::Index,
         SelectPath::Auto,
     ] {
-        assert_eq!(
-            kind(&narrow, shape(1, 32), s, 5, path, &f),
-            StepKind::Chunked {
-                bulk_quantize: false
-            },
-            "{path:?}"
-        );
+        let p = plan(&narrow, shape(1, 32), s, n - 5, path, &f);
+        assert!(p.kind.is_hist() && p.bulk_quantize, "{path:?}: {p:?}");
     }
+    // the chunked select quantizes candidates in its own chunks: no bulk for 5 keys
+    let p = plan(&narrow, shape(1, 32), s, n - 5, SelectPath::Chunked, &f);
+    assert_eq!((p.kind, p.bulk_quantize), (StepKind::Chunked, false));
 }
 
 #[test]
@@ -297,9 +299,7 @@ fn split_where_every_heavy_pick_lies_between_sink_and_window() {
             SelectPath::Chunked,
             &sm90(H100_SMS)
         ),
-        StepKind::Chunked {
-            bulk_quantize: false
-        }
+        StepKind::Chunked
     );
 }
 
@@ -310,9 +310,7 @@ fn auto_without_the_indexed_path_by_rows_and_keys() {
     let s_for = |n: usize| n + cfg.init_offset;
     let auto =
         |rows_h: usize, n: usize| kind(&cfg, shape(1, rows_h), s_for(n), 1, SelectPath::Auto, &f);
-    let chunked = StepKind::Chunked {
-        bulk_quantize: false,
-    };
+    let chunked = StepKind::Chunked;
     let split = |n: usize| StepKind::Split {
         parts: n.div_ceil(TILE),
     };
@@ -341,19 +339,21 @@ fn auto_without_the_indexed_path_by_rows_and_keys() {
         kind(&no_split, shape(1, 64), 40000, 1, SelectPath::Auto, &f),
         StepKind::Hist
     );
-    // catch-up: chunked with the bulk quantize kernel
+    // catch-up: pq_quant first, then the one-key step's kernels
+    let p = plan(
+        &cfg,
+        shape(1, 32),
+        32000,
+        cfg.n_quantized(32000) - BULK_QUANTIZE_MIN - 1,
+        SelectPath::Auto,
+        &f,
+    );
     assert_eq!(
-        kind(
-            &cfg,
-            shape(1, 32),
-            32000,
-            BULK_QUANTIZE_MIN + 1,
-            SelectPath::Auto,
-            &f
-        ),
-        StepKind::Chunked {
-            bulk_quantize: true
-        }
+        (p.kind, p.bulk_quantize),
+        (
+            kind(&cfg, shape(1, 32), 32000, 1, SelectPath::Auto, &f),
+            true
+        )
     );
     // the spec's workloads: reference split, large pq_hist
     let r = Shape::reference();
@@ -401,9 +401,7 @@ fn indexed_path_where_built_and_asked_for() {
     );
     assert_eq!(
         kind(&cfg, r, r.s, 1, SelectPath::Chunked, &f),
-        StepKind::Chunked {
-            bulk_quantize: false
-        }
+        StepKind::Chunked
     );
     for path in ALL_PATHS {
         assert_eq!(
@@ -475,13 +473,14 @@ fn companion_fill_by_sm_count_and_row_bytes() {
 fn indexed_path_fallbacks() {
     let cfg = rcfg();
     let f = sm90(H100_SMS);
-    // catch-up: chunked with the bulk quantize kernel, whatever the path
+    // catch-up: pq_quant first, then the one-key step's kernels, whatever the path
     for path in ALL_PATHS {
+        let r = Shape::reference();
+        let p = plan(&cfg, r, 32000, cfg.n_quantized(32000) - 100, path, &f);
         assert_eq!(
-            kind(&cfg, Shape::reference(), 32000, 100, path, &f),
-            StepKind::Chunked {
-                bulk_quantize: true
-            }
+            (p.kind, p.bulk_quantize),
+            (kind(&cfg, r, 32000, 1, path, &f), true),
+            "{path:?}"
         );
     }
     // B*H*S must fit pq_wfill's i32 flat index: 512 rows x 2^22 = 2^31 does not
@@ -516,41 +515,29 @@ fn indexed_path_fallbacks() {
 fn launch_counts_and_flags_of_every_kind() {
     let kinds = [
         (StepKind::Short, 1),
-        (
-            StepKind::Chunked {
-                bulk_quantize: false,
-            },
-            1,
-        ),
-        (
-            StepKind::Chunked {
-                bulk_quantize: true,
-            },
-            2,
-        ),
+        (StepKind::Chunked, 1),
         (StepKind::Hist, 1),
         (StepKind::Split { parts: 3 }, 2),
         (StepKind::IndexWfill, 2),
         (StepKind::IndexRowFill, 1),
         (StepKind::IndexCompanion, 1),
     ];
-    for (k, launches) in kinds {
+    for ((k, launches), bulk) in kinds.into_iter().flat_map(|kl| [(kl, false), (kl, true)]) {
         let p = StepPlan {
             kind: k,
+            bulk_quantize: bulk,
             s: 1000,
             n_old: 871,
             n: 872,
             total: 384,
         };
         let i = p.info();
-        assert_eq!(i.launches, launches, "{k:?}");
+        assert_eq!(i.launches, launches + usize::from(bulk), "{k:?}");
+        assert_eq!(i.bulk_quantize, bulk);
         assert_eq!(i.kind, k);
         assert_eq!((i.s, i.total, i.captured), (1000, 384, false));
         assert_eq!(i.short, k == StepKind::Short);
-        assert_eq!(
-            i.hist,
-            !matches!(k, StepKind::Short | StepKind::Chunked { .. })
-        );
+        assert_eq!(i.hist, !matches!(k, StepKind::Short | StepKind::Chunked));
         assert_eq!(i.split, matches!(k, StepKind::Split { .. }));
         assert_eq!(
             i.index,

@@ -28,8 +28,8 @@ Examples:
   tritonrt bench                                  reference workload (B=1, H=32, S=32000)
   tritonrt bench --workload large                 B=4, S=131072
   tritonrt bench --sweep --json out.json          S = 4k .. 128k, machine-readable
-Every step quantizes one new key (codes cached for S - 1 - init_offset keys), as the
-upstream benchmark does. Timings are medians after a warm-up.")]
+Every step quantizes one new key by default (codes cached for S - 1 - init_offset keys), as the
+upstream benchmark does; --new-keys N makes it N. Timings are medians after a warm-up.")]
 pub struct BenchArgs {
     /// The workload: `reference`, `large` or `B,H,H_kv,S,D[,M[,bits[,heavy]]]`; its S is
     /// replaced by --seq-lens / --sweep.
@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// Time S = 4096, 8192, 16384, 32768, 65536, 131072.
     #[arg(long, conflicts_with = "seq_lens")]
     pub sweep: bool,
+    /// New keys each timed step quantizes (codes cached for S - init_offset - N keys);
+    /// e.g. 4096 for a chunked-prefill or catch-up step.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub new_keys: usize,
     /// Timed steps per mode and shape.
     #[arg(long, default_value_t = 500)]
     pub steps: usize,
@@ -193,7 +197,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     for &s in &seq_lens {
         bar.set_message(format!("S={s}"));
         let shape = Shape { s, ..base };
-        let n_cached = PqInputs::default_n_cached(&cfg, s);
+        let n_cached = cfg.n_quantized(s).saturating_sub(a.new_keys);
         let inputs = PqInputs::random(&cfg, shape, n_cached, a.seed ^ s as u64)
             .with_context(|| format!("generating inputs for S={s}"))?;
         if let Some(dir) = &a.save_inputs {

@@ -138,6 +138,10 @@ pub struct RunArgs {
     /// Select kernels of a step (the values name the kernels; `auto` picks per shape).
     #[arg(long, value_enum, default_value_t = SelectPathArg::Auto, help_heading = "Backend")]
     pub select_path: SelectPathArg,
+    /// Quantize the step's new keys with `pq_quant` before the select kernel when there
+    /// are more than this many [default: 8]; 0: always (to measure the threshold).
+    #[arg(long, value_name = "N", help_heading = "Backend")]
+    pub bulk_min: Option<usize>,
     /// Build the codebook first: the prefill (k-means on the GPU) clusters the prompt
     /// (positions 0 .. init_offset + N_cached) and the step runs on its centroids and
     /// codes, taken over on the device; both are checked against the CPU reference.
@@ -251,15 +255,21 @@ pub fn run_gpu(
         inputs,
         tuned.as_deref(),
         a.select_path.into(),
+        a.bulk_min,
         a.steps,
         false,
     )
     .context("GPU indexer step")?;
     say!(
-        "gpu:     {} ({}), select kernel {}",
+        "gpu:     {} ({}), select kernel {}{}",
         ex.device_name,
         rt.device().arch(),
-        ex.select_kernel()
+        ex.select_kernel(),
+        if ex.bulk_quantize {
+            ", new keys quantized by pq_quant first"
+        } else {
+            ""
+        }
     );
     anyhow::ensure!(
         ex.graph_matches,

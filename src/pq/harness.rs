@@ -191,6 +191,8 @@ pub struct Execution {
     /// Whether the indexed step was one launch, the rows' companion CTAs writing the
     /// weights ([`SelectPath::IndexCompanion`]).
     pub index_companion: bool,
+    /// Whether `pq_quant` quantized the new keys before the select kernel.
+    pub bulk_quantize: bool,
     /// Name of the GPU.
     pub device_name: String,
 }
@@ -234,18 +236,22 @@ pub fn execute(
         inputs,
         select_variant,
         SelectPath::Auto,
+        None,
         timed_steps,
         gpu_time,
     )
 }
 
-/// [`execute`] with the select path chosen by the caller.
+/// [`execute`] with the select path chosen by the caller, and the new-key count above
+/// which `pq_quant` runs first (`bulk_min`; None: the default,
+/// [`crate::pq::plan::BULK_QUANTIZE_MIN`]).
 pub fn execute_with_path(
     rt: &Arc<Runtime>,
     cfg: &PqConfig,
     inputs: &PqInputs,
     select_variant: Option<&str>,
     path: SelectPath,
+    bulk_min: Option<usize>,
     timed_steps: usize,
     gpu_time: bool,
 ) -> Result<Execution> {
@@ -261,6 +267,9 @@ pub fn execute_with_path(
         select_variant,
     )?;
     ix.set_select_path(path);
+    if let Some(n) = bulk_min {
+        ix.set_bulk_quantize_min(n);
+    }
     ix.import_codes(&inputs.codes, inputs.n_cached)?;
     let dev = DeviceInputs::upload(&stream, inputs, cfg)?;
     ix.prepare(sh.s)?;
@@ -344,6 +353,7 @@ pub fn execute_with_path(
         split_path: first.split,
         index_path: first.index,
         index_companion: first.companion,
+        bulk_quantize: first.bulk_quantize,
         device_name: rt.device().name().to_string(),
     })
 }

@@ -211,6 +211,15 @@ impl GpuIndexer {
         self.path = path;
     }
 
+    /// Quantize a step's new keys with `pq_quant` before the select kernel when there are
+    /// more than `n` of them (default [`crate::pq::plan::BULK_QUANTIZE_MIN`]); steps
+    /// with a new key among the histogram path's candidates take `pq_quant` whatever
+    /// `n`. For measurements (`tritonrt run --bulk-min`) and tests: every value gives
+    /// the same outputs.
+    pub fn set_bulk_quantize_min(&mut self, n: usize) {
+        self.facts.bulk_min = n;
+    }
+
     /// Variant id of the select kernel in use.
     pub fn select_variant(&self) -> &str {
         self.kernels.select.id()

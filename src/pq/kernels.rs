@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::driver::Kernel;
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, PqConfig};
-use crate::pq::plan::{HistFacts, IndexFacts, PlanFacts};
+use crate::pq::plan::{HistFacts, IndexFacts, PlanFacts, BULK_QUANTIZE_MIN};
 use crate::runtime::Runtime;
 
 /// Top-k widths the select kernel is compiled for (`K_PAD`, a power of two >= heavy);
@@ -106,7 +106,10 @@ pub(crate) struct Kernels {
     /// weight dtype).
     pub index: Option<IndexKernels>,
     pub short: Arc<Kernel>,
-    pub quantize: Arc<Kernel>,
+    /// `pq_quant.k_<qt>`: a step's new keys, before the select kernel (`kernels_triton/pq_quant.py`).
+    pub quant: Arc<Kernel>,
+    /// `pq_quant`'s `BLOCK_N` (keys per CTA).
+    pub quant_block: usize,
     pub import: Arc<Kernel>,
     pub export: Arc<Kernel>,
     /// Keys per select CTA (the select variant's `CHUNK`).
@@ -157,6 +160,7 @@ impl Kernels {
         } else {
             None
         };
+        let quant = rt.default_kernel(&format!("pq_quant.k_{qt}"))?;
         let (hist, split) = if combos <= HIST_COMBOS && m <= 4 {
             let mp = if m <= 2 { 2 } else { 4 };
             let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
@@ -181,7 +185,8 @@ impl Kernels {
             stage: 2 * constexpr_usize(&select, "K_PAD")?,
             select,
             short: rt.default_kernel(&format!("pq_short.w_{wt}"))?,
-            quantize: rt.default_kernel(&format!("pq_quantize.k_{qt}"))?,
+            quant_block: constexpr_usize(&quant, "BLOCK_N")?,
+            quant,
             import: rt.default_kernel("pq_codes_import")?,
             export: rt.default_kernel("pq_codes_export")?,
         })
@@ -199,16 +204,13 @@ impl Kernels {
             index: self.index.as_ref().map(|ik| IndexFacts {
                 wfill: ik.wfill.is_some(),
             }),
+            bulk_min: BULK_QUANTIZE_MIN,
         }
     }
 
     /// Every kernel variant the indexer launches (for reports).
     pub fn all(&self) -> Vec<Arc<Kernel>> {
-        let mut v = vec![
-            self.select.clone(),
-            self.short.clone(),
-            self.quantize.clone(),
-        ];
+        let mut v = vec![self.select.clone(), self.short.clone(), self.quant.clone()];
         v.extend(self.hist.clone());
         if let Some(sp) = &self.split {
             v.extend([sp.thresh.clone(), sp.emit.clone()]);

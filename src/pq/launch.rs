@@ -183,9 +183,33 @@ impl StepLaunches<'_> {
         query: &DeviceTensorRef,
         key: &DeviceTensorRef,
     ) -> Result<Vec<Launch>> {
+        let (s, n) = (plan.s, plan.n);
+        let mut launches = Vec::with_capacity(3);
+        // the select kernels quantize keys n_old .. n: none where pq_quant ran first
+        let n_old = if plan.bulk_quantize {
+            launches.push(self.quant(key, plan.n_old, n)?);
+            n
+        } else {
+            plan.n_old
+        };
+        let select = self.select_launches(plan, query, key, s, n_old, n)?;
+        launches.extend(select);
+        Ok(launches)
+    }
+
+    /// The select launches of `plan` (all but `pq_quant`), whose kernels quantize keys
+    /// `n_old .. n` themselves.
+    fn select_launches(
+        &self,
+        plan: &StepPlan,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+        n: usize,
+    ) -> Result<Vec<Launch>> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
         let rows = state.rows();
-        let (s, n_old, n) = (plan.s, plan.n_old, plan.n);
         match plan.kind {
             StepKind::Short => {
                 let k = &ks.short;
@@ -209,9 +233,7 @@ impl StepLaunches<'_> {
                     args,
                 }])
             }
-            StepKind::Chunked { bulk_quantize } => {
-                self.chunked(query, key, s, n_old, n, bulk_quantize)
-            }
+            StepKind::Chunked => self.chunked(query, key, s, n_old, n),
             StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion => {
                 let ik = ks.index.as_ref().ok_or_else(|| not_built("pq_index"))?;
                 let companion = plan.kind == StepKind::IndexCompanion;
@@ -312,8 +334,63 @@ impl StepLaunches<'_> {
         }
     }
 
-    /// The chunked step's launches: the bulk quantize kernel when `bulk_quantize`, then
-    /// `pq_select` over `cdiv(n, CHUNK)` chunks per row.
+    /// `pq_quant` over the new keys `n_old .. n` (`n > n_old`): grid
+    /// `(cdiv(n - n_old, BLOCK_N), B*H_kv*M)`, codes `n_old .. n` of every KV head.
+    ///
+    /// Errors: an argument beyond its kernel's type, a grid row count beyond 65535.
+    fn quant(&self, key: &DeviceTensorRef, n_old: usize, n: usize) -> Result<Launch> {
+        let (ks, state, order) = (self.kernels, self.state, self.order);
+        let cfg = &state.cfg;
+        let (b, h_kv, d) = (state.shape.b, state.shape.h_kv, state.shape.d);
+        let m = cfg.m();
+        let k = &ks.quant;
+        let args = order.args(
+            k,
+            &[
+                ("k_ptr", KernelArg::Buf(key.buf)),
+                ("cent_ptr", KernelArg::Buf(state.centroids_buf)),
+                ("phi_ptr", KernelArg::Buf(state.phi_buf)),
+                ("codes_ptr", KernelArg::Buf(state.codes.buf())),
+                ("k_sb", KernelArg::I64(key.strides[0])),
+                ("k_sh", KernelArg::I64(key.strides[1])),
+                ("k_ss", KernelArg::I64(key.strides[2])),
+                ("H_kv", i32_arg("H_kv", h_kv)?),
+                ("M", i32_arg("M", m)?),
+                ("K", i32_arg("K", cfg.k_centroids())?),
+                ("d_s", i32_arg("d_s", cfg.d_sub(d))?),
+                ("pos0", i32_arg("pos0", cfg.init_offset + n_old)?),
+                ("t0", i32_arg("t0", n_old)?),
+                ("n_new", i32_arg("new keys", n - n_old)?),
+                ("cap", i32_arg("cap", state.cap)?),
+                (
+                    "metric_ip",
+                    KernelArg::I32(i32::from(cfg.metric == Metric::Ip)),
+                ),
+            ],
+            false,
+        )?;
+        let rows = b * h_kv * m;
+        if rows > 65535 {
+            return Err(Error::invalid(
+                "pq_quant grid",
+                format!("B*H_kv*M = {rows} rows exceed the grid's 65535"),
+            ));
+        }
+        // Bounds: the caller vouched (DeviceTensorRef::check_extent in GpuIndexer::step)
+        // for key positions up to s = init_offset + n; the kernel reads positions
+        // pos0 + t, t < n_new (masked), i.e. init_offset + n_old .. s; codes hold
+        // cap >= n keys per (b, g, m) row (grow_codes), written at t0 + t < n;
+        // centroids/phi were uploaded with the validated sizes, each grid row reading
+        // its own (b, g, m) block of K x d_c and phi[row] under ip.
+        Ok(Launch {
+            kernel: k.clone(),
+            grid: [(n - n_old).div_ceil(ks.quant_block) as u32, rows as u32, 1],
+            args,
+        })
+    }
+
+    /// The chunked step's launch: `pq_select` over `cdiv(n, CHUNK)` chunks per row,
+    /// quantizing keys `n_old .. n` in their chunks.
     fn chunked(
         &self,
         query: &DeviceTensorRef,
@@ -321,52 +398,11 @@ impl StepLaunches<'_> {
         s: usize,
         n_old: usize,
         n: usize,
-        bulk_quantize: bool,
     ) -> Result<Vec<Launch>> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
-        let cfg = &state.cfg;
-        let (h_kv, d) = (state.shape.h_kv, state.shape.d);
-        let (m, kc) = (cfg.m(), cfg.k_centroids());
-        let d_s = cfg.d_sub(d);
-        let metric_ip = i32::from(cfg.metric == Metric::Ip);
-        let mut launches = Vec::with_capacity(2);
-        let mut n_old_sel = n_old;
-        if bulk_quantize {
-            let k = &ks.quantize;
-            let args = order.args(
-                k,
-                &[
-                    ("k_ptr", KernelArg::Buf(key.buf)),
-                    ("cent_ptr", KernelArg::Buf(state.centroids_buf)),
-                    ("phi_ptr", KernelArg::Buf(state.phi_buf)),
-                    ("codes_ptr", KernelArg::Buf(state.codes.buf())),
-                    ("k_sb", KernelArg::I64(key.strides[0])),
-                    ("k_sh", KernelArg::I64(key.strides[1])),
-                    ("k_ss", KernelArg::I64(key.strides[2])),
-                    ("H_kv", i32_arg("H_kv", h_kv)?),
-                    ("M", i32_arg("M", m)?),
-                    ("K", i32_arg("K", kc)?),
-                    ("d_s", i32_arg("d_s", d_s)?),
-                    ("pos0", i32_arg("pos0", cfg.init_offset + n_old)?),
-                    ("t0", i32_arg("t0", n_old)?),
-                    ("cap", i32_arg("cap", state.cap)?),
-                    ("metric_ip", KernelArg::I32(metric_ip)),
-                ],
-                false,
-            )?;
-            // Bounds: the caller vouched (DeviceTensorRef::new) for key positions
-            // init_offset + n_old .. s; codes hold cap >= n keys per row (grow_codes);
-            // centroids/phi were uploaded with the validated sizes.
-            launches.push(Launch {
-                kernel: k.clone(),
-                grid: [(n - n_old) as u32, (state.shape.b * h_kv) as u32, 1],
-                args,
-            });
-            n_old_sel = n;
-        }
         let k = &ks.select;
         let n_chunks = n.div_ceil(ks.chunk);
-        let mut named = self.select_args(query, key, s, n_old_sel)?;
+        let mut named = self.select_args(query, key, s, n_old)?;
         named.extend([
             ("lut_ptr", KernelArg::Buf(state.lut.buf())),
             ("stage_ptr", KernelArg::Buf(state.stage.buf())),
@@ -378,12 +414,11 @@ impl StepLaunches<'_> {
         // cap >= n keys, sparse_list for rows x total, weight for rows x s, sparse_len
         // and count for rows (count starts at 0 and every row's last CTA resets it); the
         // caller vouched for query (all heads) and the new key positions.
-        launches.push(Launch {
+        Ok(vec![Launch {
             kernel: k.clone(),
             grid: [n_chunks as u32, state.rows() as u32, 1],
             args,
-        });
-        Ok(launches)
+        }])
     }
 
     /// The named arguments both select kernels (`pq_select`, `pq_hist`) take: query and

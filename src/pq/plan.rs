@@ -10,7 +10,10 @@ use crate::error::{Error, Result};
 use crate::pq::config::{PqConfig, Shape};
 
 /// More new keys than this in one step are quantized by the bulk quantize kernel
-/// (one CTA per key and KV head) instead of inside the select kernel's chunks.
+/// (`pq_quant`, tiles of keys x centroids on the tensor cores over every SM) launched
+/// before the select kernel, instead of inside the select kernel (its chunks, or the
+/// histogram kernels' companion CTAs). The default of [`PlanFacts::bulk_min`]; see
+/// ARCHITECTURE.md, "The decode step", for the measurement that chose it.
 pub const BULK_QUANTIZE_MIN: usize = 8;
 
 /// The most bytes of `weight_list` per row for which [`SelectPath::Index`] lets each
@@ -50,8 +53,9 @@ pub enum SelectPath {
     Auto,
     /// Always `pq_select` (top-k per chunk of keys, merged by each row's last CTA).
     Chunked,
-    /// `pq_hist` whenever it applies (`K^M <= 4096`, `M <= 4`, at most
-    /// [`BULK_QUANTIZE_MIN`] new keys, none of them a candidate); else `pq_select`.
+    /// `pq_hist` whenever it applies (`K^M <= 4096`, `M <= 4`; new keys beyond
+    /// [`PlanFacts::bulk_min`], or any new key that is a candidate, are quantized by
+    /// `pq_quant` first); else `pq_select`.
     Hist,
     /// `pq_thresh` + `pq_emit` whenever they apply (as [`SelectPath::Hist`], and
     /// `init_offset >= min(sink, S)`, `S - min(window, S) - init_offset >= k`); else as
@@ -122,6 +126,9 @@ pub struct PlanFacts {
     pub hist: Option<HistFacts>,
     /// The indexed path's kernels, where built (used only where `hist` is too).
     pub index: Option<IndexFacts>,
+    /// More new keys than this are quantized by `pq_quant` before the select kernel
+    /// ([`BULK_QUANTIZE_MIN`] unless set otherwise, e.g. to measure the threshold).
+    pub bulk_min: usize,
 }
 
 /// What one decode step launches, in order.
@@ -130,13 +137,9 @@ pub enum StepKind {
     /// Short sequence (`S <= heavy + init_offset + 1 + K`): `pq_short` alone, grid
     /// `(cdiv(S, BLOCK), B*H)`.
     Short,
-    /// `pq_select` over `cdiv(n, CHUNK)` chunks per row, after `pq_quantize` (grid
-    /// `(n - N_cached, B*H_kv)`) when `bulk_quantize` (more than [`BULK_QUANTIZE_MIN`]
-    /// new keys); else `pq_select` quantizes the new keys itself.
-    Chunked {
-        /// Whether the bulk quantize kernel runs first.
-        bulk_quantize: bool,
-    },
+    /// `pq_select` over `cdiv(n, CHUNK)` chunks per row (it quantizes the new keys in
+    /// its chunks unless `pq_quant` ran first: [`StepPlan::bulk_quantize`]).
+    Chunked,
     /// `pq_hist` alone, grid `(B*H, 2)`.
     Hist,
     /// `pq_thresh` (grid `(B*H, 2)`) then `pq_emit` (grid `B*H x parts`).
@@ -156,14 +159,14 @@ pub enum StepKind {
 }
 
 impl StepKind {
-    /// Kernel launches of a step of this kind.
+    /// Kernel launches of a step of this kind, `pq_quant` not counted.
     pub fn launches(self) -> usize {
         match self {
             StepKind::Short
+            | StepKind::Chunked
             | StepKind::Hist
             | StepKind::IndexRowFill
             | StepKind::IndexCompanion => 1,
-            StepKind::Chunked { bulk_quantize } => 1 + usize::from(bulk_quantize),
             StepKind::Split { .. } | StepKind::IndexWfill => 2,
         }
     }
@@ -192,8 +195,12 @@ impl StepKind {
 /// One decode step, planned: what it launches and the counts the launches use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StepPlan {
-    /// What the step launches.
+    /// What the step's select launches are.
     pub kind: StepKind,
+    /// Whether `pq_quant` (grid `(cdiv(n - n_old, BLOCK_N), B*H_kv*M)`) quantizes the new
+    /// keys first, the select kernels then seeing `n_old = n` (nothing to quantize);
+    /// else the select kernel quantizes them itself (never on the short path).
+    pub bulk_quantize: bool,
     /// `S` of the step.
     pub s: usize,
     /// `N_cached` before the step.
@@ -208,9 +215,12 @@ pub struct StepPlan {
 /// for `shape` (its `s` is ignored; `B*H` rows), under `path` on a GPU and kernel set
 /// described by `facts`. Pure: no GPU, no driver call.
 ///
-/// The rules, in order: the short path when `cfg.is_short(s)`; else the histogram path
-/// applies where `facts.hist` is built, at most [`BULK_QUANTIZE_MIN`] keys are new and
-/// none of them is a candidate (`w0 <= n_old`); the indexed form where also
+/// The rules, in order: the short path when `cfg.is_short(s)`; else the new keys are
+/// quantized by `pq_quant` first when there are more than `facts.bulk_min` of them, or
+/// when the step takes a histogram path and one of them is a candidate (`w0 > n_old`:
+/// the histogram kernels' companion CTAs write codes the row CTAs would read); the
+/// histogram path applies where `facts.hist` is built (any number of new keys); the
+/// indexed form where also
 /// `facts.index` is built, `path.wants_index()` and `B*H*S` fits an i32 (its weight fill
 /// as [`SelectPath::Index`] describes); else `pq_hist` or split as `path` asks
 /// ([`SelectPath::Auto`]: split for fewer than [`AUTO_HIST_MIN_ROWS`] rows of at least
@@ -233,6 +243,7 @@ pub fn plan_step(
     if cfg.is_short(s) {
         return Ok(StepPlan {
             kind: StepKind::Short,
+            bulk_quantize: false,
             s,
             n_old,
             n: n_old,
@@ -248,11 +259,16 @@ pub fn plan_step(
             ),
         ));
     }
-    let kind = hist_kind(cfg, shape, s, n_old, path, facts).unwrap_or(StepKind::Chunked {
-        bulk_quantize: n - n_old > BULK_QUANTIZE_MIN,
-    });
+    let many = n - n_old > facts.bulk_min;
+    let (kind, bulk_quantize) = match hist_kind(cfg, shape, s, path, facts) {
+        // the kernel's quantizing CTAs write the new keys' codes while its row CTAs read
+        // the candidates' codes: in the same launch only where no new key is a candidate
+        Some(k) => (k, many || cfg.window_start(s) > n_old),
+        None => (StepKind::Chunked, many),
+    };
     Ok(StepPlan {
         kind,
+        bulk_quantize,
         s,
         n_old,
         n,
@@ -260,13 +276,12 @@ pub fn plan_step(
     })
 }
 
-/// The histogram path's kind for a long-path step (`n_old <= n`), None where it does not
-/// apply or `path` declines it.
+/// The histogram path's kind for a long-path step, None where it is not built or `path`
+/// declines it (any number of new keys: `plan_step` quantizes them first where needed).
 fn hist_kind(
     cfg: &PqConfig,
     shape: &Shape,
     s: usize,
-    n_old: usize,
     path: SelectPath,
     facts: &PlanFacts,
 ) -> Option<StepKind> {
@@ -274,16 +289,13 @@ fn hist_kind(
     let rows = shape.b * shape.h;
     let n = cfg.n_quantized(s);
     let w0 = cfg.window_start(s);
-    // the kernel's quantizing CTAs write the new keys' codes while its row CTAs read the
-    // candidates' codes: only where no new key is a candidate
-    let applies = n - n_old <= BULK_QUANTIZE_MIN && w0 <= n_old;
     // the split emit's preconditions: every heavy pick between sink and window
     let split_applies = cfg.init_offset >= cfg.sink_eff(s)
         && s - cfg.window_eff(s) >= cfg.init_offset
         && w0 >= cfg.heavy_k(s);
     if let Some(ix) = facts.index {
         // pq_wfill indexes the flat weight_list in i32
-        if applies && path.wants_index() && i32::try_from(rows * s).is_ok() {
+        if path.wants_index() && i32::try_from(rows * s).is_ok() {
             let companion = match path {
                 SelectPath::IndexCompanion => true,
                 SelectPath::IndexWfill => false,
@@ -319,7 +331,7 @@ fn hist_kind(
             )
         }
     };
-    if !(applies && wanted) {
+    if !wanted {
         return None;
     }
     Some(if split {
@@ -343,6 +355,8 @@ pub struct StepInfo {
     pub short: bool,
     /// Kernel launches the step issued (or graph nodes replayed).
     pub launches: usize,
+    /// Whether `pq_quant` quantized the new keys before the select kernel.
+    pub bulk_quantize: bool,
     /// Whether a graph was captured (false: replayed, or no graph).
     pub captured: bool,
     /// Whether the histogram select path (`pq_hist`, split or indexed) ran.
@@ -366,7 +380,8 @@ impl StepPlan {
             s: self.s,
             total: self.total,
             short: k == StepKind::Short,
-            launches: k.launches(),
+            launches: k.launches() + usize::from(self.bulk_quantize),
+            bulk_quantize: self.bulk_quantize,
             captured: false,
             hist: k.is_hist(),
             split: matches!(k, StepKind::Split { .. }),

@@ -1,0 +1,194 @@
+"""Bulk quantization of a decode step's new keys (spec step 1), any number of them.
+
+Kernel (launch contract: README.md in this directory):
+
+* ``pq_quant_kernel``: ``codes[b, g, m, t0 + t] = argmin_c ||x - centroids[b, g, m, c]||^2``
+  for the new keys ``t < n_new`` at positions ``pos0 + t`` of KV head ``(b, g)``,
+  subvector ``m`` (metric ip: ``x`` extended by ``sqrt(max(0, phi - ||x||^2))``).
+  Grid ``(cdiv(n_new, BLOCK_N), B*H_kv*M)``: program ``(i, row)``, ``row = (b*H_kv + g)*M
+  + m``, owns keys ``i*BLOCK_N ..`` of that subvector. Keys: ``[B, H_kv, S_alloc, D]`` of
+  the key dtype (fp32 / bf16 / fp16) with element strides ``k_sb, k_sh, k_ss`` (``D``
+  contiguous); centroids f32 ``[B, H_kv, M, K, d_c]``; phi f32 ``[B*H_kv*M]`` (ip only);
+  codes u8 ``[B, H_kv, M, cap]``.
+
+How: one pass over the keys' bytes. A tile of ``BLOCK_N`` keys x ``BLOCK_C`` centroids
+scores ``||c||^2 - 2 <x, c>`` (the distance less the key's own ``||x||^2``, which does not
+move the argmin) with the tensor cores: ``tl.dot`` in ``tf32x3`` (each f32 operand split
+in a tf32 high and low part, three products: about 2^-21 relative per product, f32
+accumulation), then a running argmin over the centroid blocks, lowest ``c`` on ties.
+The expanded form differs from the direct ``sum (x - c)^2`` (``_nearest`` in
+pq_select.py, the CPU reference) only by rounding, a few 1e-7 of ``||x||^2 + ||c||^2``
+for ``d_s <= 128``: far inside the spec's code check (a code is right when its f64
+distance is within ``1e-5 * (||x||^2 + max ||c||^2)`` of the minimum; ``CODE_TOL`` in
+src/pq/check.rs). Exact ties (equal centroids) give equal expanded scores: lowest ``c``.
+
+Keys the expanded form cannot answer exactly: a subvector with ``||x||^2`` not below
+``SAFE`` (NaN, inf, or so large that products could overflow), or any centroid of the
+block with ``||c||^2`` not below ``SAFE``, or metric ip with ``phi`` not below ``SAFE``.
+Those keys (none on finite data of sane size) are redone one by one with the direct
+differences under the spec's non-finite rule (``_nearest_nf``): each distance ``d``
+becomes ``+inf`` where NaN and ``FLT_MAX`` where ``+inf``, then the argmin starting from
+``(+inf, 0)``, lowest ``c`` on ties: the lowest ``c`` whose distance is not NaN, code 0
+where all are.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from kspec import Kernel, i32, i64, ptr, single
+
+#: under Triton's CPU interpreter (``TRITON_INTERPRET=1``), which has no libdevice
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+#: squared norms below this take the tensor-core form: every term of it and of the direct
+#: distance stays below ~4e18, far from f32 overflow (3.4e38)
+SAFE = tl.constexpr(1e18)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _mul_rn(a, b):
+    """``a * b`` rounded (``mul.rn.f32``), never contracted into a fused multiply-add."""
+    if INTERPRETED:
+        return a * b
+    else:
+        return libdevice.mul_rn(a, b)
+
+
+@triton.jit
+def _nearest_nf(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """The code of one key subvector (``d_s`` values at ``k_ptr + kbase``; centroids
+    ``[K, d_c]`` f32 at ``cent_ptr + cbase``) from the direct f32 differences, under the
+    spec's non-finite rule: NaN distances -> +inf, +inf -> FLT_MAX, argmin from
+    ``(+inf, 0)``, lowest c on ties. metric_ip != 0: x gets the extra coordinate
+    sqrt(max(0, phi - ||x||^2)), compared with each centroid's coordinate d_s."""
+    xx = tl.zeros([BLOCK_D], tl.float32)
+    for d0 in range(0, d_s, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        x = tl.load(k_ptr + kbase + offs_d, mask=offs_d < d_s, other=0.0).to(tl.float32)
+        xx += _mul_rn(x, x)
+    aug = tl.sqrt(tl.maximum(phi - tl.sum(xx, axis=0), 0.0))
+    best_d = float("inf")
+    best_c = 0
+    for cb in range(0, K, BLOCK_C):
+        offs_c = cb + tl.arange(0, BLOCK_C)
+        cmask = offs_c < K
+        dist = tl.zeros([BLOCK_C], tl.float32)
+        for d0 in range(0, d_s, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            dmask = offs_d < d_s
+            x = tl.load(k_ptr + kbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
+            c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :],
+                        mask=cmask[:, None] & dmask[None, :], other=0.0)
+            diff = x[None, :] - c
+            dist += tl.sum(_mul_rn(diff, diff), axis=1)
+        if metric_ip != 0:
+            dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
+            dist += _mul_rn(dd, dd)
+        dist = tl.where(dist != dist, float("inf"), dist)  # NaN -> +inf
+        dist = tl.where(dist == float("inf"), FLT_MAX, dist)  # +inf -> FLT_MAX
+        dist = tl.where(cmask, dist, float("inf"))
+        dmin = tl.min(dist, axis=0)
+        cmin = tl.argmin(dist, axis=0, tie_break_left=True).to(tl.int32) + cb
+        take = dmin < best_d  # strict: on a tie the earlier block (lower c) stays
+        best_c = tl.where(take, cmin, best_c)
+        best_d = tl.where(take, dmin, best_d)
+    return best_c
+
+
+@triton.jit
+def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
+                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    """See the module docstring. Grid ``(cdiv(n_new, BLOCK_N), B*H_kv*M)``."""
+    row = tl.program_id(1).to(tl.int64)  # (b*H_kv + g)*M + m
+    m = row % M
+    bg = row // M
+    b = bg // H_kv
+    g = bg % H_kv
+    d_c = d_s + metric_ip
+    t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tmask = t < n_new
+    kbase = b * k_sb + g * k_sh + (pos0 + t).to(tl.int64) * k_ss + m * d_s  # [BLOCK_N]
+    cbase = row * K * d_c
+    phi = tl.load(phi_ptr + row * metric_ip)  # euclidean: phi_ptr[0], unused
+    best_d = tl.full([BLOCK_N], float("inf"), tl.float32)
+    best_c = tl.zeros([BLOCK_N], tl.int32)
+    xx = tl.zeros([BLOCK_N], tl.float32)
+    cbad = 0
+    for cb in range(0, K, BLOCK_C):
+        offs_c = cb + tl.arange(0, BLOCK_C)
+        cmask = offs_c < K
+        acc = tl.zeros([BLOCK_N, BLOCK_C], tl.float32)
+        cn = tl.zeros([BLOCK_C], tl.float32)
+        xx = tl.zeros([BLOCK_N], tl.float32)
+        for d0 in range(0, d_s, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            dmask = offs_d < d_s
+            x = tl.load(k_ptr + kbase[:, None] + offs_d[None, :], mask=tmask[:, None] & dmask[None, :],
+                        other=0.0).to(tl.float32)
+            # centroids transposed: [BLOCK_D, BLOCK_C]
+            ct = tl.load(cent_ptr + cbase + offs_c[None, :] * d_c + offs_d[:, None],
+                         mask=dmask[:, None] & cmask[None, :], other=0.0)
+            acc = tl.dot(x, ct, acc, input_precision="tf32x3")
+            xx += tl.sum(_mul_rn(x, x), axis=1)
+            cn += tl.sum(_mul_rn(ct, ct), axis=0)
+        if metric_ip != 0:
+            aug = tl.sqrt(tl.maximum(phi - xx, 0.0))
+            cl = tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
+            acc += aug[:, None] * cl[None, :]
+            cn += _mul_rn(cl, cl)
+        cbad = tl.maximum(cbad, tl.max((cmask & ~(cn < SAFE)).to(tl.int32), axis=0))
+        dist = cn[None, :] - 2.0 * acc
+        dist = tl.where(cmask[None, :], dist, float("inf"))
+        dmin = tl.min(dist, axis=1)
+        cmin = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + cb
+        take = dmin < best_d  # strict: on a tie the earlier block (lower c) stays
+        best_c = tl.where(take, cmin, best_c)
+        best_d = tl.where(take, dmin, best_d)
+    bad = ~(xx < SAFE) | (cbad != 0)
+    if metric_ip != 0:
+        bad = bad | ~(phi < SAFE)
+    code_row = codes_ptr + row * cap + t0
+    tl.store(code_row + t, best_c.to(tl.uint8), mask=tmask)
+    # the keys the expanded form cannot answer: one by one, direct differences, each
+    # code stored again after a barrier (so the later store is the one that stays)
+    if tl.max((tmask & bad).to(tl.int32), axis=0) != 0:
+        tl.debug_barrier()
+        for i in range(0, BLOCK_N):
+            ti = tl.program_id(0) * BLOCK_N + i
+            if ti < n_new:
+                kb = b * k_sb + g * k_sh + (pos0 + ti).to(tl.int64) * k_ss + m * d_s
+                # this key's test again (its rounding may differ from the tile's at the
+                # edge; either answer is then a finite key's code)
+                offs_d = tl.arange(0, BLOCK_D)
+                xs = tl.zeros([BLOCK_D], tl.float32)
+                for d0 in range(0, d_s, BLOCK_D):
+                    xv = tl.load(k_ptr + kb + d0 + offs_d, mask=d0 + offs_d < d_s, other=0.0).to(tl.float32)
+                    xs += _mul_rn(xv, xv)
+                bad_i = ~(tl.sum(xs, axis=0) < SAFE) | (cbad != 0)
+                if metric_ip != 0:
+                    bad_i = bad_i | ~(phi < SAFE)
+                if bad_i:
+                    ci = _nearest_nf(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
+                    tl.store(code_row + ti, ci.to(tl.uint8))
+
+
+# ----------------------------------------------------------------------------------
+# declarations for the build
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+KERNELS = []
+for _qt in DTYPES:
+    KERNELS.append(
+        Kernel(name=f"pq_quant.k_{_qt}", fn=pq_quant_kernel,
+               args=(ptr("k_ptr", _qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
+                     ptr("codes_ptr", "u8"), i64("k_sb"), i64("k_sh"), i64("k_ss"), i32("H_kv"), i32("M"),
+                     i32("K"), i32("d_s"), i32("pos0"), i32("t0"), i32("n_new"), i32("cap", div16=True),
+                     i32("metric_ip")),
+               fixed={"BLOCK_C": 64, "BLOCK_D": 32},
+               variants={80: single({"BLOCK_N": 64}, 8, 1), 90: single({"BLOCK_N": 64}, 8, 1)}))
