@@ -216,7 +216,8 @@ fn histogram_path_takes_any_number_of_new_keys_quantized_first_beyond_the_minimu
         ..rcfg()
     };
     let f = sm90(H100_SMS);
-    let p = plan(&narrow, shape(1, 32), s, n - 4, SelectPath::Hist, &f);
+    let f8 = PlanFacts { bulk_min: 8, ..f };
+    let p = plan(&narrow, shape(1, 32), s, n - 4, SelectPath::Hist, &f8);
     assert_eq!((p.kind, p.bulk_quantize), (StepKind::Hist, false));
     for path in [
         SelectPath::Hist,
@@ -224,11 +225,11 @@ fn histogram_path_takes_any_number_of_new_keys_quantized_first_beyond_the_minimu
         SelectPath::Index,
         SelectPath::Auto,
     ] {
-        let p = plan(&narrow, shape(1, 32), s, n - 5, path, &f);
+        let p = plan(&narrow, shape(1, 32), s, n - 5, path, &f8);
         assert!(p.kind.is_hist() && p.bulk_quantize, "{path:?}: {p:?}");
     }
     // the chunked select quantizes candidates in its own chunks: no bulk for 5 keys
-    let p = plan(&narrow, shape(1, 32), s, n - 5, SelectPath::Chunked, &f);
+    let p = plan(&narrow, shape(1, 32), s, n - 5, SelectPath::Chunked, &f8);
     assert_eq!((p.kind, p.bulk_quantize), (StepKind::Chunked, false));
 }
 

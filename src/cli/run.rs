@@ -139,7 +139,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = SelectPathArg::Auto, help_heading = "Backend")]
     pub select_path: SelectPathArg,
     /// Quantize the step's new keys with `pq_quant` before the select kernel when there
-    /// are more than this many [default: 8]; 0: always (to measure the threshold).
+    /// are more than this many [default: 1]; 0: always (to measure the threshold).
     #[arg(long, value_name = "N", help_heading = "Backend")]
     pub bulk_min: Option<usize>,
     /// Build the codebook first: the prefill (k-means on the GPU) clusters the prompt

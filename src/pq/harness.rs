@@ -245,6 +245,8 @@ pub fn execute(
 /// [`execute`] with the select path chosen by the caller, and the new-key count above
 /// which `pq_quant` runs first (`bulk_min`; None: the default,
 /// [`crate::pq::plan::BULK_QUANTIZE_MIN`]).
+// the knobs a measurement sets one by one (path, quantize threshold, steps, GPU timing)
+#[allow(clippy::too_many_arguments)]
 pub fn execute_with_path(
     rt: &Arc<Runtime>,
     cfg: &PqConfig,

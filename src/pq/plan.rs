@@ -14,7 +14,11 @@ use crate::pq::config::{PqConfig, Shape};
 /// before the select kernel, instead of inside the select kernel (its chunks, or the
 /// histogram kernels' companion CTAs). The default of [`PlanFacts::bulk_min`]; see
 /// ARCHITECTURE.md, "The decode step", for the measurement that chose it.
-pub const BULK_QUANTIZE_MIN: usize = 8;
+///
+/// Measured on an H200 (NOTES.md, "multi-token steps (issue 21, item 1)"; B=1 H=32
+/// H_kv=8 S=32768 bf16, graph wall): 1 new key 24.9 us in the select kernel against 29.6
+/// with `pq_quant`; 2 keys 31.1 against 28.5; 8 keys 52.5 against 28.1.
+pub const BULK_QUANTIZE_MIN: usize = 1;
 
 /// The most bytes of `weight_list` per row for which [`SelectPath::Index`] lets each
 /// row's companion CTA write them (one CTA writes ~30 GB/s, ~4.3 us for 128 KB, within
