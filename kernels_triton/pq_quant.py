@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kspec import Kernel, i32, i64, ptr, single
+from kspec import Kernel, Variant, i32, i64, ptr, single
 
 #: under Triton's CPU interpreter (``TRITON_INTERPRET=1``), which has no libdevice
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -102,7 +102,8 @@ def _nearest_nf(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOC
 
 @triton.jit
 def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
-                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+                    SPLIT16: tl.constexpr = 0):
     """See the module docstring. Grid ``(cdiv(n_new, BLOCK_N), B*H_kv*M)``."""
     row = tl.program_id(1).to(tl.int64)  # (b*H_kv + g)*M + m
     m = row % M
@@ -128,12 +129,24 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
         for d0 in range(0, d_s, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             dmask = offs_d < d_s
-            x = tl.load(k_ptr + kbase[:, None] + offs_d[None, :], mask=tmask[:, None] & dmask[None, :],
-                        other=0.0).to(tl.float32)
+            xk = tl.load(k_ptr + kbase[:, None] + offs_d[None, :], mask=tmask[:, None] & dmask[None, :],
+                         other=0.0)
+            x = xk.to(tl.float32)
             # centroids transposed: [BLOCK_D, BLOCK_C]
             ct = tl.load(cent_ptr + cbase + offs_c[None, :] * d_c + offs_d[:, None],
                          mask=dmask[:, None] & cmask[None, :], other=0.0)
-            acc = tl.dot(x, ct, acc, input_precision="tf32x3")
+            if SPLIT16:
+                # bf16 keys are exact in bf16: ct = c1 + c2 + c3 in bf16 (24 mantissa bits,
+                # f32's exponent range), three exact bf16 products, f32 accumulation
+                c1 = ct.to(tl.bfloat16)
+                r1 = ct - c1.to(tl.float32)
+                c2 = r1.to(tl.bfloat16)
+                c3 = (r1 - c2.to(tl.float32)).to(tl.bfloat16)
+                acc = tl.dot(xk, c1, acc)
+                acc = tl.dot(xk, c2, acc)
+                acc = tl.dot(xk, c3, acc)
+            else:
+                acc = tl.dot(x, ct, acc, input_precision="tf32x3")
             xx += tl.sum(_mul_rn(x, x), axis=1)
             cn += tl.sum(_mul_rn(ct, ct), axis=0)
         if metric_ip != 0:
@@ -181,14 +194,35 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
 # declarations for the build
 
 DTYPES = ("fp32", "bf16", "fp16")
+FIXED = {"BLOCK_C": 64}
+MAXNREG = 128
+
+
+def _args(qt, aligned):
+    """The launch arguments; ``aligned``: the key pointer (16 bytes), the key strides and
+    ``d_s`` (16 elements) declared divisible by 16, so key tiles load as vectors."""
+    return (ptr("k_ptr", qt, aligned), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
+            ptr("codes_ptr", "u8"), i64("k_sb", div16=aligned), i64("k_sh", div16=aligned),
+            i64("k_ss", div16=aligned), i32("H_kv"), i32("M"), i32("K"), i32("d_s", div16=aligned), i32("pos0"),
+            i32("t0"), i32("n_new"), i32("cap", div16=True), i32("metric_ip"))
+
+
+def _sm90(qt, aligned):
+    """sm_90 variants: the default (64 keys, 8 warps, tf32x3) and, for the aligned bf16
+    kernel, the measured alternatives (keys per CTA, warps, bf16 split)."""
+    base = Variant.make({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0}, 8, 1, True)
+    if not (aligned and qt == "bf16"):
+        return (base, )
+    more = [Variant.make({"BLOCK_N": bn, "BLOCK_D": bd, "SPLIT16": sp}, nw, 1)
+            for bn, bd, sp, nw in ((64, 32, 1, 8), (64, 32, 1, 4), (128, 32, 0, 4), (128, 32, 1, 4), (128, 32, 1, 8),
+                                   (256, 32, 1, 8), (256, 32, 1, 4), (128, 64, 1, 4), (128, 64, 1, 8))]
+    return (base, *more)
+
 
 KERNELS = []
 for _qt in DTYPES:
-    KERNELS.append(
-        Kernel(name=f"pq_quant.k_{_qt}", fn=pq_quant_kernel,
-               args=(ptr("k_ptr", _qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-                     ptr("codes_ptr", "u8"), i64("k_sb"), i64("k_sh"), i64("k_ss"), i32("H_kv"), i32("M"),
-                     i32("K"), i32("d_s"), i32("pos0"), i32("t0"), i32("n_new"), i32("cap", div16=True),
-                     i32("metric_ip")),
-               fixed={"BLOCK_C": 64, "BLOCK_D": 32},
-               variants={80: single({"BLOCK_N": 64}, 8, 1), 90: single({"BLOCK_N": 64}, 8, 1)}))
+    for _al in (False, True):
+        KERNELS.append(
+            Kernel(name=f"pq_quant{'.a16' if _al else ''}.k_{_qt}", fn=pq_quant_kernel, args=_args(_qt, _al),
+                   fixed=FIXED, variants={80: single({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0}, 8, 1), 90: _sm90(_qt, _al)},
+                   maxnreg=MAXNREG if _al else 0))

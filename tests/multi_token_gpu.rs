@@ -138,7 +138,7 @@ fn gpu_multi_token_steps_match_cpu_reference() {
                         n0
                     );
                     let ex = match execute_with_path(
-                        &rt, &case.cfg, &inputs, None, path, bulk_min, 0, false,
+                        &rt, &case.cfg, &inputs, None, path, bulk_min, None, 0, false,
                     ) {
                         Ok(ex) => ex,
                         Err(e) => {
@@ -185,6 +185,70 @@ fn gpu_multi_token_steps_match_cpu_reference() {
     assert!(bulk_runs > 0 && inline_runs > 0, "both quantize forms ran");
 }
 
+/// Every built `pq_quant` variant of each case's key dtype (the vector-load kernel's and
+/// the any-layout kernel's, the latter then taken for every key), forced on 7 and 4096
+/// new keys, matches the CPU reference by the spec's code check (plain and graph
+/// identical): the variants differ in tile sizes, warps and the bf16 centroid split.
+#[test]
+fn gpu_every_pq_quant_variant_matches_cpu_reference() {
+    let Some(rt) = runtime() else { return };
+    let seed = common::test_seed();
+    let cc = rt.device().cc();
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for (ci, case) in cases().iter().enumerate() {
+        let qt = match case.cfg.input_dtype {
+            DType::F32 => "fp32",
+            DType::BF16 => "bf16",
+            DType::F16 => "fp16",
+        };
+        let ids: Vec<String> = [format!("pq_quant.a16.k_{qt}"), format!("pq_quant.k_{qt}")]
+            .iter()
+            .flat_map(|k| rt.store().variants(k))
+            .filter(|v| v.usable_on(cc))
+            .map(|v| v.id.clone())
+            .collect();
+        assert!(ids.len() >= 2, "{}: pq_quant variants {ids:?}", case.name);
+        for (ni, new) in [7usize, 4096].into_iter().enumerate() {
+            let n0 = n_cached(&case.cfg, case.shape.s, new);
+            let s = seed.wrapping_add((ci * 17 + ni) as u64 * 104_729);
+            let inputs = PqInputs::random(&case.cfg, case.shape, n0, s).expect("inputs");
+            for id in &ids {
+                let what = format!("{} new={new} {id}", case.name);
+                let ex = match execute_with_path(
+                    &rt,
+                    &case.cfg,
+                    &inputs,
+                    None,
+                    SelectPath::Auto,
+                    Some(0),
+                    Some(id),
+                    0,
+                    false,
+                ) {
+                    Ok(ex) => ex,
+                    Err(e) => {
+                        eprintln!("FAIL {what}: {e}");
+                        failures.push(what);
+                        continue;
+                    }
+                };
+                runs += 1;
+                let report = check(&case.cfg, &inputs, &ex.output);
+                let ok = report.passed() && ex.graph_matches && ex.bulk_quantize;
+                eprintln!("{} {what}", if ok { "ok  " } else { "FAIL" });
+                if !ok {
+                    eprintln!("{report}");
+                    failures.push(what);
+                }
+            }
+        }
+    }
+    eprintln!("{} of {runs} variant runs passed", runs - failures.len());
+    assert!(failures.is_empty(), "failed: {failures:#?}");
+    assert!(runs > 0, "no variant ran");
+}
+
 /// New keys with NaN or infinite coordinates, quantized by `pq_quant` among finite ones:
 /// per subvector the lowest code whose distance is not NaN (spec, "Non-finite inputs"),
 /// code 0 here (centroids finite: NaN makes every distance NaN, an infinity makes every
@@ -221,9 +285,31 @@ fn gpu_bulk_quantize_of_non_finite_keys() {
         let off = inputs.key_offset(0, g, p) + c;
         inputs.key[off] = v;
     }
-    for path in [SelectPath::Auto, SelectPath::Chunked] {
-        let ex = execute_with_path(&rt, &cfg, &inputs, None, path, Some(0), 0, false)
-            .expect("the step runs on non-finite keys");
+    // the default kernels on both paths, then every built pq_quant variant of bf16 keys
+    let mut runs: Vec<(SelectPath, Option<String>)> =
+        vec![(SelectPath::Auto, None), (SelectPath::Chunked, None)];
+    for k in ["pq_quant.a16.k_bf16", "pq_quant.k_bf16"] {
+        for v in rt.store().variants(k) {
+            if v.usable_on(rt.device().cc()) {
+                runs.push((SelectPath::Auto, Some(v.id.clone())));
+            }
+        }
+    }
+    assert!(runs.len() > 3, "pq_quant variants of bf16 keys are built");
+    for (path, id) in runs {
+        let ex = execute_with_path(
+            &rt,
+            &cfg,
+            &inputs,
+            None,
+            path,
+            Some(0),
+            id.as_deref(),
+            0,
+            false,
+        )
+        .expect("the step runs on non-finite keys");
+        let path = (path, id);
         assert!(ex.bulk_quantize && ex.graph_matches, "{path:?}");
         let m = cfg.m();
         let n = cfg.n_quantized(shape.s);

@@ -241,7 +241,9 @@ fn gpu_pipeline_matches_cpu_reference() {
             SelectPath::IndexCompanion,
         ] {
             let t = std::time::Instant::now();
-            let ex = match execute_with_path(&rt, &case.cfg, &inputs, None, path, None, 0, false) {
+            let ex = match execute_with_path(
+                &rt, &case.cfg, &inputs, None, path, None, None, 0, false,
+            ) {
                 Ok(ex) => ex,
                 Err(e) => {
                     eprintln!("FAIL {:2} {} ({path:?}): {e}", i, case.name);

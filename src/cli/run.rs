@@ -142,6 +142,11 @@ pub struct RunArgs {
     /// are more than this many [default: 1]; 0: always (to measure the threshold).
     #[arg(long, value_name = "N", help_heading = "Backend")]
     pub bulk_min: Option<usize>,
+    /// The `pq_quant` variant of the bulk quantize in place of a default, to compare
+    /// variants: an id of `pq_quant.a16.k_<qt>` (keys that allow vector loads) or of
+    /// `pq_quant.k_<qt>` (then taken for every key layout); `tritonrt inspect` lists them.
+    #[arg(long, value_name = "ID", help_heading = "Backend")]
+    pub quant_variant: Option<String>,
     /// Build the codebook first: the prefill (k-means on the GPU) clusters the prompt
     /// (positions 0 .. init_offset + N_cached) and the step runs on its centroids and
     /// codes, taken over on the device; both are checked against the CPU reference.
@@ -256,6 +261,7 @@ pub fn run_gpu(
         tuned.as_deref(),
         a.select_path.into(),
         a.bulk_min,
+        a.quant_variant.as_deref(),
         a.steps,
         false,
     )

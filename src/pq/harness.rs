@@ -237,6 +237,7 @@ pub fn execute(
         select_variant,
         SelectPath::Auto,
         None,
+        None,
         timed_steps,
         gpu_time,
     )
@@ -244,7 +245,8 @@ pub fn execute(
 
 /// [`execute`] with the select path chosen by the caller, and the new-key count above
 /// which `pq_quant` runs first (`bulk_min`; None: the default,
-/// [`crate::pq::plan::BULK_QUANTIZE_MIN`]).
+/// [`crate::pq::plan::BULK_QUANTIZE_MIN`]), and the `pq_quant` variant
+/// (`quant_variant`, see [`GpuIndexer::set_quant_variant`]; None: the defaults).
 // the knobs a measurement sets one by one (path, quantize threshold, steps, GPU timing)
 #[allow(clippy::too_many_arguments)]
 pub fn execute_with_path(
@@ -254,6 +256,7 @@ pub fn execute_with_path(
     select_variant: Option<&str>,
     path: SelectPath,
     bulk_min: Option<usize>,
+    quant_variant: Option<&str>,
     timed_steps: usize,
     gpu_time: bool,
 ) -> Result<Execution> {
@@ -271,6 +274,9 @@ pub fn execute_with_path(
     ix.set_select_path(path);
     if let Some(n) = bulk_min {
         ix.set_bulk_quantize_min(n);
+    }
+    if let Some(id) = quant_variant {
+        ix.set_quant_variant(id)?;
     }
     ix.import_codes(&inputs.codes, inputs.n_cached)?;
     let dev = DeviceInputs::upload(&stream, inputs, cfg)?;

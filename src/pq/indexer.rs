@@ -220,6 +220,21 @@ impl GpuIndexer {
         self.facts.bulk_min = n;
     }
 
+    /// Quantize bulk new keys with the `pq_quant` variant `id` (`qt` this config's key
+    /// dtype): one of `pq_quant.a16.k_<qt>` replaces the vector-load kernel's default
+    /// (keys that allow it); one of `pq_quant.k_<qt>` becomes the kernel for every key
+    /// layout. For measurements (`tritonrt run
+    /// --quant-variant`) and tests: every variant gives the same codes.
+    ///
+    /// Errors: [`crate::Error::Invalid`] where `id` is no such variant usable on this
+    /// GPU; driver errors loading it.
+    pub fn set_quant_variant(&mut self, id: &str) -> Result<()> {
+        let cfg = self.state.cfg;
+        self.kernels.set_quant_variant(&self.rt, &cfg, id)?;
+        self.graph.clear(); // captured steps hold the kernel they were captured with
+        Ok(())
+    }
+
     /// Variant id of the select kernel in use.
     pub fn select_variant(&self) -> &str {
         self.kernels.select.id()

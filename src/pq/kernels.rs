@@ -95,6 +95,25 @@ pub(crate) struct SplitKernels {
     pub tile: usize,
 }
 
+/// A `pq_quant` kernel and its variant's `BLOCK_N` (keys per CTA).
+#[derive(Clone)]
+pub(crate) struct QuantKernel {
+    pub kernel: Arc<Kernel>,
+    pub block: usize,
+}
+
+impl QuantKernel {
+    /// `kernel` with its `BLOCK_N`.
+    ///
+    /// Errors: [`Error::Invalid`] where the variant has no integer `BLOCK_N`.
+    fn new(kernel: Arc<Kernel>) -> Result<Self> {
+        Ok(Self {
+            block: constexpr_usize(&kernel, "BLOCK_N")?,
+            kernel,
+        })
+    }
+}
+
 /// The kernels of one indexer configuration.
 pub(crate) struct Kernels {
     pub select: Arc<Kernel>,
@@ -106,10 +125,12 @@ pub(crate) struct Kernels {
     /// weight dtype).
     pub index: Option<IndexKernels>,
     pub short: Arc<Kernel>,
-    /// `pq_quant.k_<qt>`: a step's new keys, before the select kernel (`kernels_triton/pq_quant.py`).
-    pub quant: Arc<Kernel>,
-    /// `pq_quant`'s `BLOCK_N` (keys per CTA).
-    pub quant_block: usize,
+    /// `pq_quant.k_<qt>`: a step's new keys, before the select kernel
+    /// (`kernels_triton/pq_quant.py`), for any key layout.
+    pub quant: QuantKernel,
+    /// `pq_quant.a16.k_<qt>`: the same for keys whose address (16 bytes), strides and
+    /// `d_s` (16 elements) are multiples of 16 (vector loads); where built.
+    pub quant_a16: Option<QuantKernel>,
     pub import: Arc<Kernel>,
     pub export: Arc<Kernel>,
     /// Keys per select CTA (the select variant's `CHUNK`).
@@ -160,7 +181,11 @@ impl Kernels {
         } else {
             None
         };
-        let quant = rt.default_kernel(&format!("pq_quant.k_{qt}"))?;
+        let quant = QuantKernel::new(rt.default_kernel(&format!("pq_quant.k_{qt}"))?)?;
+        let quant_a16 = match rt.default_kernel(&format!("pq_quant.a16.k_{qt}")) {
+            Ok(k) => Some(QuantKernel::new(k)?),
+            Err(_) => None, // an older kernel cache: the any-layout kernel serves
+        };
         let (hist, split) = if combos <= HIST_COMBOS && m <= 4 {
             let mp = if m <= 2 { 2 } else { 4 };
             let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
@@ -185,8 +210,8 @@ impl Kernels {
             stage: 2 * constexpr_usize(&select, "K_PAD")?,
             select,
             short: rt.default_kernel(&format!("pq_short.w_{wt}"))?,
-            quant_block: constexpr_usize(&quant, "BLOCK_N")?,
             quant,
+            quant_a16,
             import: rt.default_kernel("pq_codes_import")?,
             export: rt.default_kernel("pq_codes_export")?,
         })
@@ -208,9 +233,50 @@ impl Kernels {
         }
     }
 
+    /// The `pq_quant` kernel for keys at byte address `addr` with element strides
+    /// `strides` and subvectors of `d_s` elements: the aligned one (vector loads) where
+    /// `addr` is a multiple of 16 bytes and `strides` and `d_s` of 16 elements, else the
+    /// any-layout one.
+    pub fn quant_for(&self, addr: u64, strides: [i64; 3], d_s: usize) -> &QuantKernel {
+        match &self.quant_a16 {
+            Some(q)
+                if addr.is_multiple_of(16)
+                    && strides.iter().all(|s| s % 16 == 0)
+                    && d_s.is_multiple_of(16) =>
+            {
+                q
+            }
+            _ => &self.quant,
+        }
+    }
+
+    /// Use the `pq_quant` variant `id` of this config's key dtype in place of a default:
+    /// a variant of `pq_quant.a16.k_<qt>` for the keys that allow vector loads, or one of
+    /// `pq_quant.k_<qt>` for every key layout (the aligned kernel dropped, so that one
+    /// runs and can be measured on any keys); for measurements and tests.
+    ///
+    /// Errors: [`Error::Invalid`] where `id` is no such variant usable on this GPU,
+    /// driver errors.
+    pub fn set_quant_variant(&mut self, rt: &Runtime, cfg: &PqConfig, id: &str) -> Result<()> {
+        let qt = dt(cfg.input_dtype);
+        let a16 = format!("pq_quant.a16.k_{qt}");
+        if id.starts_with(&format!("{a16}.")) {
+            self.quant_a16 = Some(QuantKernel::new(rt.kernel_for(&a16, Some(id))?)?);
+        } else {
+            self.quant = QuantKernel::new(rt.kernel_for(&format!("pq_quant.k_{qt}"), Some(id))?)?;
+            self.quant_a16 = None;
+        }
+        Ok(())
+    }
+
     /// Every kernel variant the indexer launches (for reports).
     pub fn all(&self) -> Vec<Arc<Kernel>> {
-        let mut v = vec![self.select.clone(), self.short.clone(), self.quant.clone()];
+        let mut v = vec![
+            self.select.clone(),
+            self.short.clone(),
+            self.quant.kernel.clone(),
+        ];
+        v.extend(self.quant_a16.as_ref().map(|q| q.kernel.clone()));
         v.extend(self.hist.clone());
         if let Some(sp) = &self.split {
             v.extend([sp.thresh.clone(), sp.emit.clone()]);

@@ -335,7 +335,8 @@ impl StepLaunches<'_> {
     }
 
     /// `pq_quant` over the new keys `n_old .. n` (`n > n_old`): grid
-    /// `(cdiv(n - n_old, BLOCK_N), B*H_kv*M)`, codes `n_old .. n` of every KV head.
+    /// `(cdiv(n - n_old, BLOCK_N), B*H_kv*M)`, codes `n_old .. n` of every KV head; the
+    /// vector-load kernel where the key layout allows ([`Kernels::quant_for`]).
     ///
     /// Errors: an argument beyond its kernel's type, a grid row count beyond 65535.
     fn quant(&self, key: &DeviceTensorRef, n_old: usize, n: usize) -> Result<Launch> {
@@ -343,7 +344,8 @@ impl StepLaunches<'_> {
         let cfg = &state.cfg;
         let (b, h_kv, d) = (state.shape.b, state.shape.h_kv, state.shape.d);
         let m = cfg.m();
-        let k = &ks.quant;
+        let q = ks.quant_for(key.buf.addr(), key.strides, cfg.d_sub(d));
+        let k = &q.kernel;
         let args = order.args(
             k,
             &[
@@ -384,7 +386,7 @@ impl StepLaunches<'_> {
         // its own (b, g, m) block of K x d_c and phi[row] under ip.
         Ok(Launch {
             kernel: k.clone(),
-            grid: [(n - n_old).div_ceil(ks.quant_block) as u32, rows as u32, 1],
+            grid: [(n - n_old).div_ceil(q.block) as u32, rows as u32, 1],
             args,
         })
     }
