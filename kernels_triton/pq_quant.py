@@ -101,17 +101,16 @@ def _nearest_nf(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOC
 
 
 @triton.jit
-def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
-                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-                    SPLIT16: tl.constexpr = 0):
-    """See the module docstring. Grid ``(cdiv(n_new, BLOCK_N), B*H_kv*M)``."""
+def _quant_tile(tile, k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
+                metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT16: tl.constexpr):
+    """Keys ``tile*BLOCK_N ..`` (those below ``n_new``) of grid row ``program_id(1)``."""
     row = tl.program_id(1).to(tl.int64)  # (b*H_kv + g)*M + m
     m = row % M
     bg = row // M
     b = bg // H_kv
     g = bg % H_kv
     d_c = d_s + metric_ip
-    t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     tmask = t < n_new
     kbase = b * k_sb + g * k_sh + (pos0 + t).to(tl.int64) * k_ss + m * d_s  # [BLOCK_N]
     cbase = row * K * d_c
@@ -172,7 +171,7 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
     if tl.max((tmask & bad).to(tl.int32), axis=0) != 0:
         tl.debug_barrier()
         for i in range(0, BLOCK_N):
-            ti = tl.program_id(0) * BLOCK_N + i
+            ti = tile * BLOCK_N + i
             if ti < n_new:
                 kb = b * k_sb + g * k_sh + (pos0 + ti).to(tl.int64) * k_ss + m * d_s
                 # this key's test again (its rounding may differ from the tile's at the
@@ -188,6 +187,18 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
                 if bad_i:
                     ci = _nearest_nf(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
                     tl.store(code_row + ti, ci.to(tl.uint8))
+
+
+
+@triton.jit
+def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
+                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+                    SPLIT16: tl.constexpr = 0, TILES: tl.constexpr = 1):
+    """See the module docstring. Grid ``(cdiv(n_new, BLOCK_N * TILES), B*H_kv*M)``: each
+    program takes ``TILES`` consecutive tiles of ``BLOCK_N`` keys."""
+    for j in range(TILES):
+        _quant_tile(tl.program_id(0) * TILES + j, k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K,
+                    d_s, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D, SPLIT16)
 
 
 # ----------------------------------------------------------------------------------
@@ -210,12 +221,14 @@ def _args(qt, aligned):
 def _sm90(qt, aligned):
     """sm_90 variants: the default (64 keys, 8 warps, tf32x3) and, for the aligned bf16
     kernel, the measured alternatives (keys per CTA, warps, bf16 split)."""
-    base = Variant.make({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0}, 8, 1, True)
+    base = Variant.make({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0, "TILES": 1}, 8, 1, True)
     if not (aligned and qt == "bf16"):
         return (base, )
-    more = [Variant.make({"BLOCK_N": bn, "BLOCK_D": bd, "SPLIT16": sp}, nw, 1)
-            for bn, bd, sp, nw in ((64, 32, 1, 8), (64, 32, 1, 4), (128, 32, 0, 4), (128, 32, 1, 4), (128, 32, 1, 8),
-                                   (256, 32, 1, 8), (256, 32, 1, 4), (128, 64, 1, 4), (128, 64, 1, 8))]
+    more = [Variant.make({"BLOCK_N": bn, "BLOCK_D": bd, "SPLIT16": sp, "TILES": tiles}, nw, 1)
+            for bn, bd, sp, nw, tiles in ((64, 32, 1, 8, 1), (64, 32, 1, 4, 1), (128, 32, 0, 4, 1), (128, 32, 1, 4, 1),
+                                          (128, 32, 1, 8, 1), (256, 32, 1, 8, 1), (128, 64, 1, 4, 1),
+                                          (128, 64, 1, 8, 1), (128, 32, 1, 4, 2), (128, 32, 1, 4, 4),
+                                          (64, 32, 1, 4, 4), (128, 32, 1, 8, 4))]
     return (base, *more)
 
 
@@ -224,5 +237,5 @@ for _qt in DTYPES:
     for _al in (False, True):
         KERNELS.append(
             Kernel(name=f"pq_quant{'.a16' if _al else ''}.k_{_qt}", fn=pq_quant_kernel, args=_args(_qt, _al),
-                   fixed=FIXED, variants={80: single({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0}, 8, 1), 90: _sm90(_qt, _al)},
+                   fixed=FIXED, variants={80: single({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0, "TILES": 1}, 8, 1), 90: _sm90(_qt, _al)},
                    maxnreg=MAXNREG if _al else 0))
