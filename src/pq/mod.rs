@@ -11,6 +11,8 @@
 //! - [`io`]: safetensors input/output in the upstream layouts.
 //! - [`plan`]: which kernels a GPU decode step launches, as data ([`plan::plan_step`],
 //!   pure: unit-tested on the CPU).
+//! - [`ragged`]: ragged batches (each entry at its own length): inputs, padded outputs,
+//!   the CPU reference and the checker, built from the fixed-`S` ones per entry.
 //!
 //! GPU side: [`gpu`] (the indexer, its kernels, device state, graph cache and the
 //! execute / bench harness, in the private modules it re-exports from).
@@ -34,6 +36,7 @@ mod kernels;
 mod launch;
 pub mod plan;
 pub mod prefill;
+pub mod ragged;
 pub mod reference;
 mod state;
 #[cfg(feature = "cli")]
