@@ -22,19 +22,29 @@ fn head_ranges_cover_every_head_once_and_keep_each_query_head_with_its_kv_head()
             let plan = ShardPlan::new(sh(2, h, h_kv, 100, 64), g).unwrap();
             assert_eq!(plan.devices(), g);
             let ss = plan.shard_shape();
-            assert_eq!((ss.h, ss.h_kv, ss.b, ss.s, ss.d), (h / g, h_kv / g, 2, 100, 64));
+            assert_eq!(
+                (ss.h, ss.h_kv, ss.b, ss.s, ss.d),
+                (h / g, h_kv / g, 2, 100, 64)
+            );
             let mut seen_q = vec![0; h];
             let mut seen_kv = vec![0; h_kv];
             for d in 0..g {
                 let (q, kv) = (plan.q_heads(d), plan.kv_heads(d));
-                assert_eq!(q, d * h / g..(d + 1) * h / g, "H={h} H_kv={h_kv} G={g} d={d}");
+                assert_eq!(
+                    q,
+                    d * h / g..(d + 1) * h / g,
+                    "H={h} H_kv={h_kv} G={g} d={d}"
+                );
                 assert_eq!(kv, d * h_kv / g..(d + 1) * h_kv / g);
                 for qh in q.clone() {
                     seen_q[qh] += 1;
                     assert_eq!(plan.shard_of_head(qh), d);
                     // the KV head this query head reads (h / (H / H_kv)) is on its shard
                     let kvh = qh / (h / h_kv);
-                    assert!(kv.contains(&kvh), "head {qh} reads KV head {kvh}, not in {kv:?}");
+                    assert!(
+                        kv.contains(&kvh),
+                        "head {qh} reads KV head {kvh}, not in {kv:?}"
+                    );
                 }
                 for k in kv {
                     seen_kv[k] += 1;
@@ -117,7 +127,11 @@ fn shard_by_shard_equals_whole(cfg: PqConfig, shape: Shape, n_cached: usize, g: 
             // the shard's rows are the whole batch's rows of its query heads
             for b in 0..shape.b {
                 for (i, h) in plan.q_heads(d).enumerate() {
-                    assert_eq!(out.row(b, i), whole.row(b, h), "{shape} G={g} d={d} b={b} h={h}");
+                    assert_eq!(
+                        out.row(b, i),
+                        whole.row(b, h),
+                        "{shape} G={g} d={d} b={b} h={h}"
+                    );
                 }
             }
             out
@@ -164,12 +178,18 @@ fn stitch_refuses_parts_that_do_not_fit_the_plan() {
     let e = plan.stitch(&parts[..1]).unwrap_err().to_string();
     assert!(e.contains("1 parts for a plan over 2 devices"), "{e}");
     let whole = step(&cfg, &inputs).unwrap();
-    let e = plan.stitch(&[whole.clone(), whole]).unwrap_err().to_string();
+    let e = plan
+        .stitch(&[whole.clone(), whole])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("shard 0: H is 8, expected 4"), "{e}");
     let e = plan.slice_inputs(&cfg, &inputs, 2).unwrap_err().to_string();
     assert!(e.contains("shard 2 of a plan over 2 devices"), "{e}");
     let other = ShardPlan::new(sh(1, 8, 4, 301, 32), 2).unwrap();
-    let e = other.slice_inputs(&cfg, &inputs, 0).unwrap_err().to_string();
+    let e = other
+        .slice_inputs(&cfg, &inputs, 0)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("but the plan splits"), "{e}");
     let e = plan
         .slice_centroids(&cfg, &inputs.centroids[1..], 0)
@@ -185,11 +205,17 @@ fn bench_devices_refuses_bad_lists_and_bad_splits_before_opening_a_gpu() {
             .args(args)
             .output()
             .unwrap();
-        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
     };
     let (code, err) = run(&["bench", "--devices", "0,x"]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("\"x\" in \"0,x\" is not a device ordinal"), "{err}");
+    assert!(
+        err.contains("\"x\" in \"0,x\" is not a device ordinal"),
+        "{err}"
+    );
     let (code, err) = run(&["bench", "--devices", "0-2", "--workload", "1,32,8,4096,128"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("H_kv = 8") && err.contains("G = 3"), "{err}");

@@ -431,10 +431,24 @@ fn bench_devices(a: &BenchArgs, ordinals: &[usize]) -> anyhow::Result<i32> {
             continue;
         }
         let steps = a.steps.max(1);
-        let launch = bench_sharded(&mut ix, &shard_in, s, n_cached, steps, gpu::LaunchMode::Launch)
-            .with_context(|| format!("timing S={s} with plain launches"))?;
-        let graph = bench_sharded(&mut ix, &shard_in, s, n_cached, steps, gpu::LaunchMode::Graph)
-            .with_context(|| format!("timing S={s} with graph replay"))?;
+        let launch = bench_sharded(
+            &mut ix,
+            &shard_in,
+            s,
+            n_cached,
+            steps,
+            gpu::LaunchMode::Launch,
+        )
+        .with_context(|| format!("timing S={s} with plain launches"))?;
+        let graph = bench_sharded(
+            &mut ix,
+            &shard_in,
+            s,
+            n_cached,
+            steps,
+            gpu::LaunchMode::Graph,
+        )
+        .with_context(|| format!("timing S={s} with graph replay"))?;
         say!(
             "{:>6} {:>7} {:>8} | {:>10} {:>10} {:>12} | {:>10} {:>10} {:>12}",
             "device",

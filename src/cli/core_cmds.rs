@@ -286,7 +286,10 @@ fn inspect_devices(only: Option<usize>) -> anyhow::Result<i32> {
             )
         );
     }
-    println!("{} CUDA device(s); driver = the CUDA version the driver supports", all.len());
+    println!(
+        "{} CUDA device(s); driver = the CUDA version the driver supports",
+        all.len()
+    );
     Ok(EXIT_OK)
 }
 
