@@ -403,8 +403,7 @@ fn nothing_of_one_device_is_handed_to_the_other() {
             let swapped = [good[1], good[0]];
             let e = ix
                 .step(&swapped, shape.s, LaunchMode::Launch)
-                .err()
-                .expect("buffers of device 1 on device 0's shard must be refused");
+                .expect_err("buffers of device 1 on device 0's shard must be refused");
             assert!(
                 matches!(e, Error::DeviceMismatch { what_device: 1, with_device: 0, .. }),
                 "{e:?}"
