@@ -724,89 +724,79 @@ pub fn write_ragged_inputs(path: &Path, cfg: &PqConfig, x: &RaggedInputs) -> Res
 /// and `seq_lens` I64 `[B]`. Errors: inconsistent output sizes ([`Error::PqTensor`]),
 /// [`Error::Io`].
 pub fn write_ragged_outputs(path: &Path, cfg: &PqConfig, out: &RaggedOutput) -> Result<()> {
-    let checks = [
-        (
-            SPARSE_LIST,
-            out.sparse_list.len(),
-            out.b * out.h * out.total,
-        ),
-        (SPARSE_LEN, out.sparse_len.len(), out.b * out.h),
-        (
-            WEIGHT_LIST,
-            out.weight_list.len(),
-            out.b * out.h * out.s_alloc,
-        ),
-        (
-            CODEBOOK,
-            out.codes.len(),
-            out.b * out.n_max * out.h_kv * out.m,
-        ),
-        (N_CACHED, out.n_cached.len(), out.b),
-        (SEQ_LENS, out.seq_lens.len(), out.b),
-    ];
-    for (name, got, want) in checks {
-        if got != want {
-            return Err(Error::PqTensor {
-                file: Some(path.to_path_buf()),
-                tensor: name.into(),
-                expected: format!("{want} values"),
-                got: format!("{got} values"),
-            });
-        }
-    }
     let as_i64 = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
-    let mut meta = config_metadata(cfg);
-    meta.insert("seq_len".into(), out.s_alloc.to_string());
-    let tensors = vec![
-        (
-            SPARSE_LIST,
-            OwnedTensor::ints(&out.sparse_list, vec![out.b, out.h, out.total]),
-        ),
-        (
-            SPARSE_LEN,
-            OwnedTensor::ints(&out.sparse_len, vec![out.b, out.h]),
-        ),
-        (
-            WEIGHT_LIST,
-            OwnedTensor::floats(
-                &out.weight_list,
-                cfg.weight_dtype,
-                vec![out.b, out.h, out.s_alloc],
-            ),
-        ),
-        (
-            CODEBOOK,
-            OwnedTensor::ints(&out.codes, vec![out.b, out.n_max, out.h_kv, out.m]),
-        ),
-        (
-            N_CACHED,
-            OwnedTensor::ints(&as_i64(&out.n_cached), vec![out.b]),
-        ),
-        (
-            SEQ_LENS,
-            OwnedTensor::ints(&as_i64(&out.seq_lens), vec![out.b]),
-        ),
-    ];
-    write_tensors(path, tensors, meta)
+    let (n_cached, seq_lens) = (as_i64(&out.n_cached), as_i64(&out.seq_lens));
+    let parts = OutputParts {
+        b: out.b,
+        h: out.h,
+        h_kv: out.h_kv,
+        m: out.m,
+        total: out.total,
+        s: out.s_alloc,
+        n: out.n_max,
+        sparse_list: &out.sparse_list,
+        sparse_len: &out.sparse_len,
+        weight_list: &out.weight_list,
+        codes: &out.codes,
+    };
+    write_output_parts(
+        path,
+        cfg,
+        &parts,
+        vec![(N_CACHED, &n_cached[..]), (SEQ_LENS, &seq_lens[..])],
+    )
 }
 
 /// Write a step's outputs (see the module docs); `weight_list` in `cfg.weight_dtype`.
 /// Errors: inconsistent output sizes ([`Error::PqTensor`]), [`Error::Io`].
 pub fn write_outputs(path: &Path, cfg: &PqConfig, out: &PqOutput) -> Result<()> {
-    let checks = [
-        (
-            SPARSE_LIST,
-            out.sparse_list.len(),
-            out.b * out.h * out.total,
-        ),
-        (SPARSE_LEN, out.sparse_len.len(), out.b * out.h),
-        (WEIGHT_LIST, out.weight_list.len(), out.b * out.h * out.s),
-        (
-            CODEBOOK,
-            out.codes.len(),
-            out.b * out.n_cached * out.h_kv * out.m,
-        ),
+    let parts = OutputParts {
+        b: out.b,
+        h: out.h,
+        h_kv: out.h_kv,
+        m: out.m,
+        total: out.total,
+        s: out.s,
+        n: out.n_cached,
+        sparse_list: &out.sparse_list,
+        sparse_len: &out.sparse_len,
+        weight_list: &out.weight_list,
+        codes: &out.codes,
+    };
+    write_output_parts(path, cfg, &parts, Vec::new())
+}
+
+/// The tensors of a step's outputs and their dimensions (`s`: the row length of
+/// `weight_list`; `n`: the second dimension of the codes).
+struct OutputParts<'a> {
+    b: usize,
+    h: usize,
+    h_kv: usize,
+    m: usize,
+    total: usize,
+    s: usize,
+    n: usize,
+    sparse_list: &'a [i64],
+    sparse_len: &'a [i64],
+    weight_list: &'a [f32],
+    codes: &'a [i64],
+}
+
+/// Write `p` and `per_row` (i64 `[B]` tensors), each size checked first, with the config
+/// and `seq_len = p.s` in the metadata.
+fn write_output_parts(
+    path: &Path,
+    cfg: &PqConfig,
+    p: &OutputParts<'_>,
+    per_row: Vec<(&'static str, &[i64])>,
+) -> Result<()> {
+    let mut checks = vec![
+        (SPARSE_LIST, p.sparse_list.len(), p.b * p.h * p.total),
+        (SPARSE_LEN, p.sparse_len.len(), p.b * p.h),
+        (WEIGHT_LIST, p.weight_list.len(), p.b * p.h * p.s),
+        (CODEBOOK, p.codes.len(), p.b * p.n * p.h_kv * p.m),
     ];
+    checks.extend(per_row.iter().map(|&(name, v)| (name, v.len(), p.b)));
     for (name, got, want) in checks {
         if got != want {
             return Err(Error::PqTensor {
@@ -818,29 +808,27 @@ pub fn write_outputs(path: &Path, cfg: &PqConfig, out: &PqOutput) -> Result<()> 
         }
     }
     let mut meta = config_metadata(cfg);
-    meta.insert("seq_len".into(), out.s.to_string());
-    let tensors = vec![
+    meta.insert("seq_len".into(), p.s.to_string());
+    let mut tensors = vec![
         (
             SPARSE_LIST,
-            OwnedTensor::ints(&out.sparse_list, vec![out.b, out.h, out.total]),
+            OwnedTensor::ints(p.sparse_list, vec![p.b, p.h, p.total]),
         ),
-        (
-            SPARSE_LEN,
-            OwnedTensor::ints(&out.sparse_len, vec![out.b, out.h]),
-        ),
+        (SPARSE_LEN, OwnedTensor::ints(p.sparse_len, vec![p.b, p.h])),
         (
             WEIGHT_LIST,
-            OwnedTensor::floats(
-                &out.weight_list,
-                cfg.weight_dtype,
-                vec![out.b, out.h, out.s],
-            ),
+            OwnedTensor::floats(p.weight_list, cfg.weight_dtype, vec![p.b, p.h, p.s]),
         ),
         (
             CODEBOOK,
-            OwnedTensor::ints(&out.codes, vec![out.b, out.n_cached, out.h_kv, out.m]),
+            OwnedTensor::ints(p.codes, vec![p.b, p.n, p.h_kv, p.m]),
         ),
     ];
+    tensors.extend(
+        per_row
+            .into_iter()
+            .map(|(name, v)| (name, OwnedTensor::ints(v, vec![p.b]))),
+    );
     write_tensors(path, tensors, meta)
 }
 
