@@ -2,13 +2,17 @@
 # compute-sanitizer over every kernel path of the decode step and the prefill, on a GPU
 # machine: memcheck, racecheck, synccheck and initcheck x each select path (pq_select,
 # pq_hist, split, pq_index with pq_wfill, pq_index with companion fill) x shapes (a small
-# one with GQA and the reference shape), plus bulk quantization (many new keys:
-# pq_quantize), the short path, and the prefill's k-means kernels (member sums fused into
-# the assignment, the separate sums kernel with ip, packed keys, prefill then decode).
+# one with GQA and the reference shape), plus bulk quantization (many new keys), the
+# practical GQA bf16 shape (one and 4096 new keys), the short path, and the prefill's
+# k-means kernels (member sums fused into the assignment, the separate sums kernel with
+# ip, packed keys, prefill then decode).
 # Each `tritonrt run` steps twice (plain launches, then graph capture and replay), each
 # `tritonrt prefill` runs twice, and both check their answer against the CPU reference.
 #
-#   [SANITIZE_TOOLS="memcheck racecheck"] benches/sanitize.sh [TRITONRT_BINARY] [OUT_DIR]
+#   [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_ONLY=REGEX] benches/sanitize.sh \
+#       [TRITONRT_BINARY] [OUT_DIR]
+#
+# SANITIZE_ONLY keeps the cases whose name matches the extended regex.
 #
 # Prints one row per (tool, case): the run's check verdict and the sanitizer's summary;
 # exits 1 when any run failed its check or any tool reported an error. Logs in OUT_DIR.
@@ -29,6 +33,9 @@ done
 cases+=("bulk quantize (1000 new keys)|run --seq-len 6000 --heads 8 --kv-heads 2 --steps 2 --n-cached 4700")
 cases+=("short path|run --seq-len 300 --heads 8 --kv-heads 2 --steps 2")
 cases+=("bf16 GQA small|run $small --dtype bf16 --weight-dtype bf16")
+# the practical shape (B=1 H=32 H_kv=8 S=32768 bf16; heavy as the indexer takes it today)
+cases+=("practical GQA bf16 (S=32768)|run --workload 1,32,8,32768,128 --dtype bf16 --weight-dtype bf16 --steps 2")
+cases+=("4096 new keys, practical|run --workload 1,32,8,32768,128 --dtype bf16 --weight-dtype bf16 --n-cached 28544 --steps 2")
 pf="prefill --seq-len 2000 --kv-heads 2 --repeat 1"
 cases+=("prefill fused sums (M2 b6 bf16)|$pf")
 cases+=("prefill sums kernel (M4 b8 ip)|$pf --pq-group-factor 4 --pq-bits 8 --metric ip")
@@ -42,6 +49,7 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
   [ "$tool" = racecheck ] && extra="--racecheck-report all"
   for c in "${cases[@]}"; do
     name="${c%%|*}"
+    if [ -n "${SANITIZE_ONLY:-}" ] && ! echo "$name" | grep -Eq "$SANITIZE_ONLY"; then continue; fi
     args="${c#*|}"
     log="$OUT/${tool}_$(echo "$name" | tr -c 'a-zA-Z0-9' '_').log"
     # shellcheck disable=SC2086

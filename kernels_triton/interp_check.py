@@ -236,14 +236,49 @@ def make_state(rng, B, H, H_kv, D, M, bits, S_max, n_cached, small, metric_ip=Fa
 
 
 def nearest(x, cent, phi, metric_ip):
-    """float64 argmin over centroids [K, d_c] of subvector x [d_s] (lowest index on ties)."""
+    """float64 argmin over centroids [K, d_c] of subvector x [d_s] (lowest index on ties;
+    a NaN distance is never taken, code 0 where all are: spec "Non-finite inputs")."""
     x = x.astype(np.float64)
     c = cent.astype(np.float64)
     if metric_ip:
-        x = np.append(x, np.sqrt(max(0.0, float(phi) - float(x @ x))))
+        xx = float(x @ x)
+        x = np.append(x, np.sqrt(max(0.0, float(phi) - xx)) if xx == xx else 0.0)
     else:
         c = c[:, :x.shape[0]]
-    return int(np.argmin(((c - x[None, :])**2).sum(1)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = ((c - x[None, :])**2).sum(1)
+    ok = ~np.isnan(d)
+    if not ok.any():
+        return 0
+    return int(np.flatnonzero(ok & (d == d[ok].min()))[0])
+
+
+def poison_nonfinite(st, io, n_old):
+    """Non-finite inputs (spec "Non-finite inputs"): head 0's query NaN in one coordinate
+    (every score of the head NaN: its heavy picks are the lowest candidates), centroids
+    with +inf, -inf and NaN coordinates (scores of +-inf and NaN beside finite ones), a
+    new key with an infinite and one with a NaN coordinate (their codes: the lowest code
+    whose distance is not NaN)."""
+    q, cent, key = st["q"].a, st["cent"].a, st["key"].a
+    q[0, 0, 0, 0] = np.nan
+    cent[:, :, 0, 3, 0] = np.inf
+    cent[:, :, 0, 5, 1] = -np.inf
+    cent[:, :, 0, 6, 0] = np.inf
+    cent[:, :, 0, 6, 1] = -np.inf
+    cent[:, :, -1, 2, 0] = np.nan
+    key[:, :, io + n_old, 1] = np.inf
+    key[:, :, io + n_old + 1, 0] = np.nan
+    # some cached keys carry the non-finite codes, so they score +-inf or NaN
+    codes = st["codes"].a
+    codes[:, :, 0, 10:n_old:7] = 3
+    codes[:, :, 0, 12:n_old:11] = 5
+    codes[:, :, 0, 14:n_old:13] = 6
+    codes[:, :, -1, 16:n_old:5] = 2
+
+
+def _rank(v):
+    """Sort key of an f64 score under the spec's order: NaN below everything."""
+    return (0, 0.0) if v != v else (1, v)
 
 
 def head_lut64(st, b, h):
@@ -298,7 +333,8 @@ def check(st, S, n_old, cfg, out, what):
             j = hp - io
             assert np.all(j >= 0) and np.all(j < n), f"{what}: row {r}: heavy position outside the quantized keys"
             lut = head_lut64(st, b, h)
-            sc = sum(lut[m][codes[b, g, m, :w0].astype(np.int64)] for m in range(M))
+            with np.errstate(invalid="ignore"):
+                sc = sum(lut[m][codes[b, g, m, :w0].astype(np.int64)] for m in range(M))
             if w0 < k:
                 want = set(range(w0)) | set(range(w0, k))
                 assert set(j.tolist()) == want, f"{what}: row {r}: fill rule violated"
@@ -306,10 +342,18 @@ def check(st, S, n_old, cfg, out, what):
             assert np.all(j < w0), f"{what}: row {r}: a heavy pick is not a candidate"
             chosen = np.zeros(w0, bool)
             chosen[j] = True
-            cmin = sc[chosen].min()
-            umax = sc[~chosen].max() if (~chosen).any() else -np.inf
-            tol = 0.0 if st["small"] else 1e-4 * (1 + abs(cmin))
-            assert cmin >= umax - tol, f"{what}: row {r}: chosen min {cmin} < unchosen max {umax}"
+            if not (~chosen).any():
+                continue
+            cmin = min(sc[chosen].tolist(), key=_rank)
+            umax = max(sc[~chosen].tolist(), key=_rank)
+            if cmin != cmin:  # a NaN taken: only over NaNs, and the lowest j first
+                nan_j = np.flatnonzero(np.isnan(sc))
+                assert umax != umax and nan_j[chosen[nan_j]].max() < nan_j[~chosen[nan_j]].min(), \
+                    f"{what}: row {r}: a NaN score chosen over {umax} or over a lower NaN j"
+                continue
+            tol = 0.0 if st["small"] or not np.isfinite(umax) else 1e-4 * (1 + abs(umax))
+            assert umax != umax or cmin >= umax or cmin >= umax - tol, \
+                f"{what}: row {r}: chosen min {cmin} < unchosen max {umax}"
 
 
 CASES = [
@@ -328,6 +372,9 @@ CASES = [
     # 4 combinations: the threshold's combination holds hundreds of keys, so the maybe
     # keys fill whole 32-key masks and the last one taken is cut inside a mask
     ("dense_ties", (1, 2, 2, 16, 1, 2), 900, 2, dict(sink=4, window=8, heavy=40, init_offset=4), True, False, 128, 2),
+    # NaN and infinities in the query, centroids and new keys (poison_nonfinite)
+    ("nonfinite", (1, 4, 2, 32, 2, 4), 1500, 2, dict(sink=8, window=16, heavy=60, init_offset=8), False, False, 256,
+     2),
 ]
 
 
@@ -356,17 +403,24 @@ def check_recount(st, hk, w0, what):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    ap.add_argument("--case", default=None, help="this case only (by name)")
     ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"interp_check: seed {seed}")
     rng = np.random.default_rng(seed)
     cases = CASES[:2] if a.quick else CASES
+    if a.case:
+        cases = [c for c in CASES if c[0] == a.case]
+        if not cases:
+            ap.error(f"no case named {a.case!r}: {', '.join(c[0] for c in CASES)}")
     for name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, ip, tile, mp in cases:
         K = 1 << bits
         assert S0 > cfg["heavy"] + cfg["init_offset"] + 1 + K, name  # not the short path
         n0 = S0 - cfg["init_offset"] - 1
         st = make_state(rng, B, H, H_kv, D, M, bits, S0 + steps + 4, n0, small, ip)
+        if name == "nonfinite":
+            poison_nonfinite(st, cfg["init_offset"], n0)
         n_old = n0
         S = S0
         plan = [S0 + i for i in range(steps)] + [S0 + steps - 1]  # decode steps, then a replay

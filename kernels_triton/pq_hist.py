@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_select import INTERPRETED, _nearest, _store_lut
+from pq_select import INTERPRETED, _nearest, _rank_score, _store_lut
 
 
 @triton.jit
@@ -82,14 +82,15 @@ def _codes(cbase, cap, M, MP: tl.constexpr, j):
 
 @triton.jit
 def _score(lut_row, K, M, MP: tl.constexpr, c0, c1, c2, c3, cand):
-    """Scores of keys with codes c0..c3 (0 where not cand), added in the order the
-    combination scores were (m = 0, 1, ..), so both compare bit for bit."""
+    """Ranks (``_rank_score``) of the scores of keys with codes c0..c3 (0 where not cand),
+    the entries added in the order the combination scores were (m = 0, 1, ..), so both
+    compare bit for bit."""
     sc = tl.load(lut_row + (c0.to(tl.int32) & (K - 1)), mask=cand, other=0.0)
     sc += tl.load(lut_row + K + (c1.to(tl.int32) & (K - 1)), mask=cand & (M > 1), other=0.0)
     if MP > 2:
         sc += tl.load(lut_row + 2 * K + (c2.to(tl.int32) & (K - 1)), mask=cand & (M > 2), other=0.0)
         sc += tl.load(lut_row + 3 * K + (c3.to(tl.int32) & (K - 1)), mask=cand & (M > 3), other=0.0)
-    return sc
+    return _rank_score(sc)
 
 
 @triton.jit
@@ -317,8 +318,9 @@ def _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BL
 
 @triton.jit
 def _combo_scores(hist_row, lut_row, M, K, bits, NC: tl.constexpr):
-    """Per combination ``cc`` (0..NC): candidate keys carrying it and its score, the
-    lookup-table entries added in the order m = 0, 1, .. (as ``_score`` adds them)."""
+    """Per combination ``cc`` (0..NC): candidate keys carrying it and the rank of its score
+    (``_rank_score``: the order of the scores, NaN last, always finite), the lookup-table
+    entries added in the order m = 0, 1, .. (as ``_score`` adds them)."""
     cc = tl.arange(0, NC)
     cvalid = cc < (1 << (M * bits))
     cnt = tl.load(hist_row + cc, mask=cvalid, other=0, cache_modifier=".cg")
@@ -326,7 +328,7 @@ def _combo_scores(hist_row, lut_row, M, K, bits, NC: tl.constexpr):
     for m in range(M):
         dig = (cc >> ((M - 1 - m) * bits)) & (K - 1)
         s += tl.load(lut_row + m * K + dig, mask=cvalid, other=0.0)
-    return cnt, s
+    return cnt, _rank_score(s)
 
 
 # INTERPRETED (from pq_select): Triton's interpreter reduces tuples one element at a time

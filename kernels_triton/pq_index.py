@@ -54,7 +54,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kspec import Kernel, i32, i64, ptr, single
-from pq_select import _lut_tile, _row_dots
+from pq_select import _lut_tile, _rank_score, _row_dots
 from pq_hist import (DTYPES, FIXED as HIST_FIXED, INTERPRETED, _combo_scores, _combos, _head_lut, _quantize_cta,
                      _red_add_max, _rounds, _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
 
@@ -82,7 +82,7 @@ def _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, hn, bg, M, bits, ca
 
 @triton.jit
 def _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC: tl.constexpr):
-    """``_head_lut`` then ``_combo_scores`` for ``M = 2`` from one loaded ``_lut_tile`` per
+    """``_head_lut`` then ``_combo_scores`` (ranks of the scores) for ``M = 2`` from one loaded ``_lut_tile`` per
     subvector, the table kept in registers (each combination's two entries gathered on
     chip, ``tl.gather``, not read back from ``lut_row``; still written, for the fallback
     pass over the codes). The table is reduced as ``_head_lut`` reduces it and the entries are
@@ -100,7 +100,7 @@ def _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC: tl.constexpr
     s = tl.zeros([NC], tl.float32)
     s += tl.where(cvalid, tl.gather(lut0, (cc >> bits) & (K - 1), 0), 0.0)
     s += tl.where(cvalid, tl.gather(lut1, cc & (K - 1), 0), 0.0)
-    return tl.where(cvalid, cnt, 0), s
+    return tl.where(cvalid, cnt, 0), _rank_score(s)
 
 
 @triton.jit

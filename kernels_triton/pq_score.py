@@ -14,7 +14,7 @@ materializes them).
 import triton
 import triton.language as tl
 
-from kspec import Kernel, grid, i32, i64, ptr, single
+from kspec import Kernel, Variant, grid, i32, i64, ptr, single
 
 
 @triton.jit
@@ -100,8 +100,13 @@ KERNELS = [
         args=_v6_args(),
         variants={
             80: single({"BLOCK_KEYS": 256, "BLOCK_D": 64}, 4, 1),
-            90: grid({"BLOCK_KEYS": 256, "BLOCK_D": 64}, 4, 1, BLOCK_KEYS=(64, 128, 256, 512), BLOCK_D=(32, 64),
-                     num_warps=(2, 4, 8), num_stages=(1, 2, 3)),
+            # the default and 4 candidates: the full 72-point grid (BLOCK_KEYS 64..512,
+            # 2/4/8 warps, 1-3 stages) gained at most 1.02x on the H100, and both winners
+            # (BK=128 BD=64 w2 s2, BK=256 BD=32 w2 s2) are among these (NOTES.md,
+            # "Autotuner (issue 4): tuned vs default, measured side by side in one run")
+            90: (single({"BLOCK_KEYS": 256, "BLOCK_D": 64}, 4, 1) +
+                 tuple(Variant.make({"BLOCK_KEYS": bk, "BLOCK_D": bd}, 2, 2, False) for bk in (128, 256)
+                       for bd in (32, 64))),
         },
     ),
 ]
@@ -116,6 +121,8 @@ for _qt in ("fp32", "bf16", "fp16"):
             fixed={"BLOCK_K": 256, "BLOCK_DS": 32},
             variants={
                 80: single({"BLOCK": 1024}, 4, 1),
-                90: grid({"BLOCK": 1024}, 4, 1, BLOCK=(512, 1024, 2048), num_warps=(4, 8)),
+                # the winner on the H100 was BLOCK=2048 w8 at both workloads (1.9x over the
+                # default; NOTES.md, "Autotuner (issue 4)"): BLOCK 512 is not kept
+                90: grid({"BLOCK": 1024}, 4, 1, BLOCK=(1024, 2048), num_warps=(4, 8)),
             },
         ))

@@ -12,9 +12,9 @@ Kernels (launch contract: README.md in this directory):
        KV group, appends them to the u8 code state;
     3. scores its chunk from the u8 codes (``score = sum_m lut[m, code_m]``), masks the
        window (``j >= w0``), packs each key as the int64
-       ``(order_preserving(score) << 32) | (0xFFFFFFFF - j)`` (ties -> lowest j; masked
-       keys score -inf and so rank below every candidate, lowest j first, which is the
-       spec's fill rule; padding ``j >= n`` is INT64_MIN) and keeps the chunk's top K_PAD
+       ``(order_preserving(score) << 32) | (0xFFFFFFFF - j)`` (ties -> lowest j; a NaN
+       score ranks below -inf; masked keys rank below every candidate, lowest j first,
+       which is the spec's fill rule; padding ``j >= n`` is INT64_MIN) and keeps the chunk's top K_PAD
        keys (bitonic top-k in registers) in a scratch buffer;
     4. zero-fills its slice of ``weight_list``;
     5. bumps the row's counter; the last program of the row to finish merges the row's
@@ -39,9 +39,21 @@ from kspec import Kernel, Variant, grid, i32, i64, ptr, single
 #: libdevice: there numpy rounds every product anyway
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
-# Order-preserving int32 image of -inf (0xFF800000 ^ 0x7FFFFFFF) and the padding key.
+# Order-preserving int32 image of -inf (0xFF800000 ^ 0x7FFFFFFF); below it the image of a
+# NaN score (ranks below -inf, spec "Non-finite inputs"), then the masked keys (j >= w0:
+# every candidate ranks above them, NaN included); the padding key.
 NEG_INF_KEY = tl.constexpr(-2139095041)
+NAN_KEY = tl.constexpr(-2139095042)
+MASKED_KEY = tl.constexpr(-2139095043)
 MIN_KEY = tl.constexpr(-(2**63))
+
+# The select kernels' rank of a score (``_rank_score``): finite scores up to RANK_LIN in
+# magnitude as they are; beyond it the order-preserving bits of |score| above those of
+# RANK_LIN (0x46800000), scaled by 2^-16, so every finite score lies within +-30976;
+# +-inf at +-RANK_INF, NaN at RANK_NAN, below -inf.
+RANK_LIN = tl.constexpr(16384.0)
+RANK_INF = tl.constexpr(30984.0)
+RANK_NAN = tl.constexpr(-32768.0)
 
 # ----------------------------------------------------------------------------------
 # bitonic networks on a "hypercube" view: a tensor of 2^n elements reshaped to [2]*n.
@@ -133,7 +145,8 @@ def _topk_desc(x, LOG_N: tl.constexpr, LOG_K: tl.constexpr):
 def _nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C: tl.constexpr,
              BLOCK_DS: tl.constexpr):
     """argmin_c ||x - centroid_c||^2 for one key subvector (``d_s`` values at
-    ``k_ptr + kbase``; centroids ``[K, d_c]`` at ``cent_ptr + cbase``); lowest c on ties.
+    ``k_ptr + kbase``; centroids ``[K, d_c]`` at ``cent_ptr + cbase``); lowest c on ties;
+    a NaN distance is never taken, code 0 where every distance is NaN (``_rank_distance``).
     metric_ip != 0: x gets the extra coordinate sqrt(max(0, phi - ||x||^2)), compared
     with each centroid's coordinate d_s."""
     xx = tl.zeros([BLOCK_DS], tl.float32)
@@ -159,7 +172,7 @@ def _nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C
         if metric_ip != 0:
             dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
             dist += dd * dd
-        dist = tl.where(cmask, dist, float("inf"))
+        dist = tl.where(cmask, _rank_distance(dist), float("inf"))
         dmin = tl.min(dist, axis=0)
         cmin = tl.argmin(dist, axis=0, tie_break_left=True).to(tl.int32) + cb
         # strict <: on a tie the earlier block (lower c) stays
@@ -167,6 +180,35 @@ def _nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C
         best_c = tl.where(take, cmin, best_c)
         best_d = tl.where(take, dmin, best_d)
     return best_c
+
+
+@triton.jit
+def _rank_distance(dist):
+    """A distance as the argmin ranks it (spec "Non-finite inputs": a new key gets the
+    lowest code whose distance is not NaN, code 0 if all are): NaN -> +inf (never taken:
+    the running best starts at +inf with code 0, and only a strictly smaller distance
+    replaces it), +inf -> the largest finite float (taken over a NaN)."""
+    dist = tl.where(dist == float("inf"), 3.4028234663852886e38, dist)
+    return tl.where(dist != dist, float("inf"), dist)
+
+
+@triton.jit
+def _rank_score(s):
+    """A score (f32, any shape) as the histogram-family kernels rank it: the same order as
+    the scores, NaN last (below -inf, spec "Non-finite inputs"), and every value finite
+    and within +-32768, so the cuts and the threshold rounds, which work on the values
+    (bins over a score range), never see an infinity or a NaN. Finite scores up to
+    RANK_LIN = 16384 in magnitude are kept as they are (the usual case: nothing changes);
+    beyond, ``RANK_LIN + (bits(|s|) - bits(RANK_LIN)) * 2^-16`` with the sign, whose
+    float rounding merges scores within a relative 2^-16 (about 128 ulps, 1.5e-5), inside
+    the spec's tolerance 1e-4 * (1 + |score|). +-inf rank at +-RANK_INF (above every
+    finite score), NaN at RANK_NAN. The span of ranks stays below 2^16, so after the
+    rounds' 2^30 bins one bin is narrower than the tolerance even with outliers."""
+    a = tl.abs(s)
+    far = RANK_LIN + (a.to(tl.int32, bitcast=True) - 0x46800000).to(tl.float32) * (1.0 / 65536.0)
+    far = tl.where(a == float("inf"), RANK_INF, far)
+    u = tl.where(a <= RANK_LIN, s, tl.where(s < 0.0, -far, far))
+    return tl.where(s != s, RANK_NAN, u)
 
 
 @triton.jit
@@ -217,12 +259,14 @@ def _store_lut(q_ptr, qbase, cent_ptr, cbase, d_s, d_c, K, out_ptr, BLOCK_C: tl.
 
 @triton.jit
 def _key32(score, j, w0):
-    """Order-preserving int32 image of the score; keys at or past the window start
-    (j >= w0) get the image of -inf."""
+    """Order-preserving int32 image of the score; a NaN score ranks below -inf
+    (NAN_KEY), and keys at or past the window start (j >= w0) below every candidate
+    (MASKED_KEY)."""
     score = tl.where(score == 0.0, 0.0, score)  # -0.0 ranks as +0.0
     bits = score.to(tl.int32, bitcast=True)
     k32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return tl.where(j < w0, k32, NEG_INF_KEY)
+    k32 = tl.where(score != score, NAN_KEY, k32)
+    return tl.where(j < w0, k32, MASKED_KEY)
 
 
 @triton.jit

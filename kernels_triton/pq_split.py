@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
+from pq_select import _rank_score
 from pq_hist import (FIXED as HIST_FIXED, _codes, _popc, _quantize_cta, _row_ids, _row_sizes, _row_threshold,
                      _stamp, _store_heavy, _store_stamps, _take_masks)
 
@@ -47,7 +48,7 @@ READY = tl.constexpr(1 << 62)
 
 @triton.jit
 def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP: tl.constexpr):
-    """Scores of keys ``j`` (i32 ``[TILE/32, 32]``, one part's keys) of KV head ``bg``
+    """Ranks (``_rank_score``) of the scores of keys ``j`` (i32 ``[TILE/32, 32]``, one part's keys) of KV head ``bg``
     from the head's lookup table ``lut_row`` (f32 ``[M, K]``, written by pq_thresh): the
     entries added in pq_thresh's order (m = 0, 1, ..; + 0.0 for m >= M), so both classify
     alike bit for bit. Every key is scored, candidate or not (the gathers stay inside the
@@ -60,7 +61,7 @@ def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP: tl.constexpr):
     if MP > 2:
         sc += tl.where(M > 2, tl.load(lut_row + tl.minimum(M - 1, 2) * K + (c2.to(tl.uint32) & (K - 1))), 0.0)
         sc += tl.where(M > 3, tl.load(lut_row + tl.minimum(M - 1, 3) * K + (c3.to(tl.uint32) & (K - 1))), 0.0)
-    return sc
+    return _rank_score(sc)
 
 
 @triton.jit

@@ -271,6 +271,23 @@ pub enum Error {
         /// Why (grid too large, stream of another context, driver error, ...).
         msg: String,
     },
+    /// A device object (a stream, a buffer) was used with an object of another CUDA
+    /// device: each device has its own context, kernels and streams, and a launch never
+    /// crosses devices.
+    #[error(
+        "device mismatch: {what} belongs to CUDA device {what_device}, but {with} is on \
+         device {with_device}"
+    )]
+    DeviceMismatch {
+        /// The object handed over (`stream`, `query buffer`, ...).
+        what: String,
+        /// The ordinal of the device `what` belongs to.
+        what_device: usize,
+        /// What it was used with (`kernel pq_index...`, `the indexer's runtime`, ...).
+        with: String,
+        /// The ordinal of the device `with` lives on.
+        with_device: usize,
+    },
     // ---- PQ indexer (src/pq) ----
     /// A PQ indexer configuration value is out of range or inconsistent with the shape
     /// (`D % M != 0`, `pq_bits` outside 1..=8, `H % H_kv != 0`, `S == 0`, ...).

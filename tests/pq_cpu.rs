@@ -1514,3 +1514,91 @@ fn cli_refuses_nonfinite_inputs_unless_allowed() {
     top.sort_unstable();
     assert_eq!(top, vec![0, 1, 2, 3, 5]);
 }
+
+/// The reference's quantization of a non-finite key (spec "Non-finite inputs"): the lowest
+/// code whose distance is not NaN, even when that distance is +inf; code 0 when every
+/// distance is NaN; NaN distances never taken beside finite ones.
+#[test]
+fn reference_quantizes_nonfinite_keys_to_the_lowest_non_nan_code() {
+    use tritonrt::pq::reference::quantize_subvector;
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    // x = (+inf, 0): centroid 0 has +inf in coordinate 0 (inf - inf: NaN), centroid 1
+    // is finite (distance +inf), centroid 2 too.
+    let cents = [inf, 0.0, 1.0, 2.0, -1.0, 0.5];
+    assert_eq!(quantize_subvector(&[inf, 0.0], &cents, 2, None).0, 1);
+    // x with a NaN coordinate: every distance NaN -> code 0
+    let (c, d) = quantize_subvector(&[nan, 1.0], &cents, 2, None);
+    assert_eq!(c, 0);
+    assert!(d.is_nan());
+    // a finite key beside a NaN centroid: the NaN centroid is skipped although it comes first
+    let cents = [nan, 0.0, 3.0, 3.0, 1.0, 1.0];
+    assert_eq!(quantize_subvector(&[1.0, 1.0], &cents, 2, None).0, 2);
+    // finite everything: argmin, lowest code on ties
+    let cents = [2.0, 0.0, 0.0, 2.0, 0.0, 2.0];
+    assert_eq!(quantize_subvector(&[1.0, 1.0], &cents, 2, None).0, 0);
+}
+
+/// The checker orders non-finite scores as the spec does: an output whose heavy set takes
+/// a NaN-scored key over a finite one, or a higher NaN j over a lower one, fails; the
+/// reference's own output passes.
+#[test]
+fn checker_ranks_nan_scores_last() {
+    let cfg = PqConfig {
+        heavy_size: 16,
+        sink_size: 4,
+        window_size: 8,
+        init_offset: 4,
+        ..PqConfig::reference_workload()
+    };
+    let shape = Shape {
+        b: 1,
+        h: 2,
+        h_kv: 1,
+        s: 700,
+        d: 16,
+    };
+    let mut x = PqInputs::random(&cfg, shape, 700 - 4 - 1, 11).unwrap();
+    // head 0: every score NaN (the heavy picks must be the 16 lowest candidates)
+    x.query[0] = f32::NAN;
+    // head 1: code 0 of subvector 0 scores NaN
+    x.centroids[0] = f32::NAN;
+    let out = tritonrt::pq::reference::step(&cfg, &x).unwrap();
+    let rep = check(&cfg, &x, &out);
+    assert!(rep.passed(), "{rep}");
+    let row0: Vec<i64> = out.row(0, 0).to_vec();
+    let heavy0: Vec<i64> = row0[4..20].to_vec();
+    assert_eq!(
+        heavy0,
+        (4..20).collect::<Vec<i64>>(),
+        "NaN row: lowest j first"
+    );
+    // swap one heavy pick of head 0 for a higher NaN j: fails
+    let mut bad = out.clone();
+    let t = out.total;
+    bad.sparse_list[4 + 15] = 100;
+    bad.weight_list[19] = 0.0;
+    bad.weight_list[100] = 1.0;
+    assert!(
+        !check(&cfg, &x, &bad).passed(),
+        "a higher NaN j taken over a lower one passed"
+    );
+    // head 1: take a NaN-scored key (code 0 in subvector 0) over a finite one: fails
+    let g_codes = |j: usize| out.codes[j * cfg.m()];
+    if let Some(jn) = (0..600).find(|&j| g_codes(j) == 0) {
+        let row1 = &out.sparse_list[t..2 * t];
+        let mut heavy1: Vec<i64> = row1[4..20].to_vec();
+        let pos = jn as i64 + 4;
+        if !heavy1.contains(&pos) {
+            let mut bad = out.clone();
+            let dropped = heavy1[0];
+            heavy1[0] = pos;
+            heavy1.sort_unstable();
+            bad.sparse_list[t + 4..t + 20].copy_from_slice(&heavy1);
+            let s = shape.s;
+            bad.weight_list[s + dropped as usize] = 0.0;
+            bad.weight_list[s + pos as usize] = 1.0;
+            let rep = check(&cfg, &x, &bad);
+            assert!(!rep.passed(), "a NaN score taken over a finite one passed");
+        }
+    }
+}

@@ -779,3 +779,105 @@ fn gpu_engine_api_checks_device_inputs() {
     assert!(report.passed(), "{report}");
     eprintln!("engine API: bad centroids, codes, outputs and key extent refused; step_into == step: [{report}]");
 }
+
+/// Non-finite inputs (spec "Non-finite inputs") on every select path: a query head with a
+/// NaN coordinate (all its scores NaN: the heavy picks are the lowest candidates), one
+/// with an infinite coordinate, centroids with +inf, -inf and NaN coordinates (scores of
+/// +-inf and NaN beside finite ones), and new keys with infinite or NaN coordinates
+/// (their codes: the lowest code whose distance is not NaN). Each run must pass the
+/// spec's rule against the f64 reference (NaN below -inf, the lowest j among NaNs), be
+/// bit-identical as a graph, and give the same outputs when run again.
+#[test]
+fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
+    let Some(rt) = runtime() else { return };
+    let seed = seed();
+    let r = base();
+    let shape = sh(1, 8, 4, 6000, 128);
+    let cfg = PqConfig {
+        heavy_size: 128,
+        ..r
+    };
+    let (k, ds, dc, mm) = (
+        cfg.k_centroids(),
+        cfg.d_sub(shape.d),
+        cfg.d_c(shape.d),
+        cfg.m(),
+    );
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    // one new key (the histogram family applies), then 100 (bulk quantization)
+    for (ci, new_keys) in [1usize, 100].into_iter().enumerate() {
+        let n_cached = shape.s - cfg.init_offset - new_keys;
+        let mut x =
+            PqInputs::random(&cfg, shape, n_cached, seed.wrapping_add(ci as u64)).expect("inputs");
+        let d = shape.d;
+        x.query[0] = f32::NAN; // head 0: every score NaN
+        x.query[d + 70] = f32::INFINITY; // head 1, subvector 1: +-inf entries
+        let cen = |g: usize, m: usize, c: usize, i: usize| ((g * mm + m) * k + c) * dc + i;
+        x.centroids[cen(0, 0, 3, 0)] = f32::INFINITY;
+        x.centroids[cen(0, 1, 5, 2)] = f32::NAN;
+        x.centroids[cen(1, 0, 7, 0)] = f32::INFINITY;
+        x.centroids[cen(1, 0, 7, 1)] = f32::NEG_INFINITY;
+        x.centroids[cen(2, 1, 9, ds - 1)] = f32::NEG_INFINITY;
+        // new keys: +inf, NaN, -inf coordinates (the last one for every KV head)
+        let key = |g: usize, p: usize, i: usize| (g * shape.s + p) * d + i;
+        let p0 = cfg.init_offset + n_cached;
+        for g in 0..shape.h_kv {
+            x.key[key(g, shape.s - 1, 5)] = f32::INFINITY;
+            if new_keys > 1 {
+                x.key[key(g, p0, 1)] = f32::NAN;
+                x.key[key(g, p0 + 1, d - 1)] = f32::NEG_INFINITY;
+                x.key[key(g, p0 + 2, 0)] = f32::INFINITY;
+                x.key[key(g, p0 + 2, 1)] = f32::NEG_INFINITY;
+            }
+        }
+        for path in [
+            SelectPath::Auto,
+            SelectPath::Chunked,
+            SelectPath::Hist,
+            SelectPath::Split,
+            SelectPath::IndexWfill,
+            SelectPath::IndexCompanion,
+        ] {
+            let run = || execute_with_path(&rt, &cfg, &x, None, path, 0, false);
+            let (a, b) = match (run(), run()) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("FAIL nonfinite, {new_keys} new ({path:?}): {e}");
+                    failures.push((new_keys, path));
+                    continue;
+                }
+            };
+            runs += 1;
+            let report = check(&cfg, &x, &a.output);
+            let same = a.output == b.output;
+            let ok = report.passed() && a.graph_matches && same;
+            eprintln!(
+                "{} nonfinite, {new_keys:3} new keys, {path:?} ran {}: graph {}, rerun {} [{report}]",
+                if ok { "ok  " } else { "FAIL" },
+                if a.index_companion {
+                    "index+c"
+                } else if a.index_path {
+                    "index"
+                } else if a.split_path {
+                    "split"
+                } else if a.hist_path {
+                    "hist"
+                } else {
+                    "chunked"
+                },
+                if a.graph_matches { "identical" } else { "DIFFERS" },
+                if same { "identical" } else { "DIFFERS" },
+            );
+            if !ok {
+                failures.push((new_keys, path));
+            }
+        }
+    }
+    eprintln!(
+        "{} passed, {} failed (non-finite inputs)",
+        runs - failures.len().min(runs),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "failed: {failures:?}");
+}

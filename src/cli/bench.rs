@@ -82,6 +82,14 @@ pub struct BenchArgs {
     /// floor of reading the keys once per iteration, and the updates each group ran.
     #[arg(long, conflicts_with_all = ["soak", "sweep", "seq_lens"])]
     pub prefill: bool,
+    /// Shard the heads over these CUDA devices (`0,1`, `0-3`), as a tensor-parallel
+    /// engine does: device d of G runs query heads [d H/G, (d+1) H/G) and their KV heads
+    /// (H_kv must be a multiple of G). Checks the stitched step against the CPU
+    /// reference, then times each device's shard alone and the sharded step (every
+    /// device's step issued, then all synchronized): medians of wall-clock and of each
+    /// device's GPU time (CUDA events), with plain launches and with graph replay.
+    #[arg(long, value_name = "LIST", conflicts_with_all = ["soak", "prefill", "save_inputs"])]
+    pub devices: Option<String>,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -144,6 +152,10 @@ fn save_inputs(path: &std::path::Path, cfg: &PqConfig, inputs: &PqInputs) -> any
 
 /// Entry point of `tritonrt bench`; returns the process exit code.
 pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
+    if let Some(list) = &a.devices {
+        let ordinals = tritonrt::pq::shard_plan::parse_devices(list)?;
+        return bench_devices(&a, &ordinals);
+    }
     let rt =
         match gpu::open_runtime(a.device, &a.ptx.ptx_cache).context("opening the GPU runtime")? {
             Ok(rt) => rt,
@@ -349,5 +361,167 @@ fn soak(
         super::EXIT_OK
     } else {
         super::EXIT_CHECK_FAILED
+    })
+}
+
+/// `tritonrt bench --devices LIST`: the step with its heads sharded over several GPUs.
+fn bench_devices(a: &BenchArgs, ordinals: &[usize]) -> anyhow::Result<i32> {
+    use tritonrt::pq::sharded::{bench_sharded, ShardedBench, ShardedIndexer};
+    let cfg = a.workload.config();
+    let base: Shape = a.workload.shape();
+    // refuse a bad split before opening any device or generating any input
+    tritonrt::pq::shard_plan::ShardPlan::new(base, ordinals.len())?;
+    let mut rts = Vec::with_capacity(ordinals.len());
+    for &o in ordinals {
+        match gpu::open_runtime(o, &a.ptx.ptx_cache)
+            .with_context(|| format!("opening the GPU runtime on device {o}"))?
+        {
+            Ok(rt) => rts.push(rt),
+            Err(why) => anyhow::bail!("tritonrt bench --devices needs CUDA device {o}: {why}"),
+        }
+    }
+    for rt in &rts {
+        let d = rt.device();
+        say!(
+            "device {}: {} (sm_{}, {} SMs)",
+            d.ordinal(),
+            d.name(),
+            d.arch(),
+            d.sm_count()
+        );
+    }
+    say!("config:  {cfg}");
+    let seq_lens: Vec<usize> = if a.sweep {
+        vec![4096, 8192, 16384, 32768, 65536, 131072]
+    } else if a.seq_lens.is_empty() {
+        vec![base.s]
+    } else {
+        a.seq_lens.clone()
+    };
+    let mut json = Vec::new();
+    let mut failed = false;
+    for &s in &seq_lens {
+        let shape = Shape { s, ..base };
+        let n_cached = PqInputs::default_n_cached(&cfg, s);
+        let inputs = PqInputs::random(&cfg, shape, n_cached, a.seed ^ s as u64)
+            .with_context(|| format!("generating inputs for S={s}"))?;
+        let mut ix = ShardedIndexer::new(
+            &rts,
+            cfg,
+            shape,
+            &inputs.centroids,
+            inputs.phi.as_deref(),
+            None,
+        )?;
+        ix.import_codes(&inputs.codes, n_cached)?;
+        let up = ix.upload(&inputs)?;
+        let shard_in = ShardedIndexer::inputs_of(&up);
+        ix.prepare(s)?;
+        ix.poison_outputs()?;
+        ix.step(&shard_in, s, gpu::LaunchMode::Launch)?;
+        ix.synchronize()?;
+        let out = ix.download_stitched()?;
+        let report = tritonrt::pq::check(&cfg, &inputs, &out);
+        let plan = *ix.plan();
+        say!(
+            "{shape} over {} devices ({} per device): stitched step vs CPU reference: {}",
+            plan.devices(),
+            plan.shard_shape(),
+            if report.passed() { "PASS" } else { "FAIL" }
+        );
+        if !report.passed() {
+            say!("{report}");
+            failed = true;
+            continue;
+        }
+        let steps = a.steps.max(1);
+        let launch = bench_sharded(
+            &mut ix,
+            &shard_in,
+            s,
+            n_cached,
+            steps,
+            gpu::LaunchMode::Launch,
+        )
+        .with_context(|| format!("timing S={s} with plain launches"))?;
+        let graph = bench_sharded(
+            &mut ix,
+            &shard_in,
+            s,
+            n_cached,
+            steps,
+            gpu::LaunchMode::Graph,
+        )
+        .with_context(|| format!("timing S={s} with graph replay"))?;
+        say!(
+            "{:>6} {:>7} {:>8} | {:>10} {:>10} {:>12} | {:>10} {:>10} {:>12}",
+            "device",
+            "heads",
+            "kv heads",
+            "alone wall",
+            "alone gpu",
+            "sharded gpu",
+            "alone wall",
+            "alone gpu",
+            "sharded gpu"
+        );
+        say!(
+            "{:>25} | {:^34} | {:^34}",
+            "",
+            "plain launches (us)",
+            "graph replay (us)"
+        );
+        for (d, &o) in launch.ordinals.iter().enumerate() {
+            let (q, kv) = (plan.q_heads(d), plan.kv_heads(d));
+            say!(
+                "{:>6} {:>7} {:>8} | {:>10.1} {:>10.1} {:>12.1} | {:>10.1} {:>10.1} {:>12.1}",
+                o,
+                format!("{}-{}", q.start, q.end - 1),
+                format!("{}-{}", kv.start, kv.end - 1),
+                launch.alone_wall[d].median_us,
+                launch.alone_gpu[d].median_us,
+                launch.sharded_gpu[d].median_us,
+                graph.alone_wall[d].median_us,
+                graph.alone_gpu[d].median_us,
+                graph.sharded_gpu[d].median_us,
+            );
+        }
+        say!(
+            "sharded step, wall (all issued, then all synchronized): {:.1} us plain launches, {:.1} us graph replay (p10 {:.1}, p90 {:.1})",
+            launch.sharded_wall.median_us,
+            graph.sharded_wall.median_us,
+            graph.sharded_wall.p10_us,
+            graph.sharded_wall.p90_us
+        );
+        let js = |b: &ShardedBench| {
+            serde_json::json!({
+                "alone_wall_us": b.alone_wall.iter().map(|t| t.median_us).collect::<Vec<_>>(),
+                "alone_gpu_us": b.alone_gpu.iter().map(|t| t.median_us).collect::<Vec<_>>(),
+                "sharded_gpu_us": b.sharded_gpu.iter().map(|t| t.median_us).collect::<Vec<_>>(),
+                "sharded_wall_us": b.sharded_wall.median_us,
+                "sharded_wall_p10_us": b.sharded_wall.p10_us,
+                "sharded_wall_p90_us": b.sharded_wall.p90_us,
+                "steps": b.sharded_wall.samples,
+            })
+        };
+        json.push(serde_json::json!({
+            "devices": launch.ordinals,
+            "names": rts.iter().map(|r| r.device().name().to_string()).collect::<Vec<_>>(),
+            "b": shape.b, "h": shape.h, "h_kv": shape.h_kv, "s": shape.s, "d": shape.d,
+            "launch": js(&launch),
+            "graph": js(&graph),
+        }));
+    }
+    say!("(us: medians per step; wall = host timer around step(s) + synchronize; gpu = CUDA events on each device's stream)");
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&json)? + "\n";
+        tritonrt::artifact::write_atomic(path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        say!("results written to {}", path.display());
+    }
+    Ok(if failed {
+        super::EXIT_CHECK_FAILED
+    } else {
+        super::EXIT_OK
     })
 }

@@ -52,11 +52,19 @@ pub struct WarmupArgs {
 }
 
 /// Arguments of `tritonrt inspect`: list the variants of a ptx_cache with their launch
-/// metadata (nothing is loaded; no GPU needed).
+/// metadata (nothing is loaded; no GPU needed), or with `--devices` the CUDA devices of
+/// this machine.
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
     #[command(flatten)]
     ptx: PtxCacheArg,
+    /// List the CUDA devices instead (ordinal, name, compute capability, SMs, memory,
+    /// driver): the ordinals that `--device N` and `bench --devices LIST` take.
+    #[arg(long)]
+    devices: bool,
+    /// With --devices: list only this device (opens no other).
+    #[arg(long, requires = "devices")]
+    device: Option<usize>,
 }
 
 /// Arguments of `tritonrt verify`: check size and sha256 of every file the manifest
@@ -239,8 +247,57 @@ fn warm_one(
     })
 }
 
+/// `tritonrt inspect --devices`.
+fn inspect_devices(only: Option<usize>) -> anyhow::Result<i32> {
+    let all = match only {
+        Some(o) => {
+            let d = Device::new(o)?;
+            let (free_bytes, total_bytes) = d.mem_info()?;
+            vec![tritonrt::driver::DeviceSummary {
+                ordinal: o,
+                name: d.name().to_string(),
+                cc: d.cc(),
+                sm_count: d.sm_count(),
+                total_bytes,
+                free_bytes,
+                driver_version: d.driver_version(),
+            }]
+        }
+        None => Device::list()?,
+    };
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "{:>7}  {:<28} {:>5} {:>5} {:>10} {:>10} {:>8}",
+        "ordinal", "name", "cc", "SMs", "mem GiB", "free GiB", "driver"
+    );
+    for d in &all {
+        println!(
+            "{:>7}  {:<28} {:>5} {:>5} {:>10.1} {:>10.1} {:>8}",
+            d.ordinal,
+            d.name,
+            format!("{}.{}", d.cc.0, d.cc.1),
+            d.sm_count,
+            gib(d.total_bytes),
+            gib(d.free_bytes),
+            format!(
+                "{}.{}",
+                d.driver_version / 1000,
+                (d.driver_version % 1000) / 10
+            )
+        );
+    }
+    println!(
+        "{} CUDA device(s); driver = the CUDA version the driver supports",
+        all.len()
+    );
+    Ok(EXIT_OK)
+}
+
 /// `tritonrt inspect`.
 pub fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
+    if a.devices {
+        return inspect_devices(a.device);
+    }
     let store = ArtifactStore::open(&a.ptx.ptx_cache)
         .with_context(|| format!("opening ptx_cache {}", a.ptx.ptx_cache.display()))?;
     let m = store.manifest();

@@ -238,7 +238,58 @@ impl Device {
         &self.ctx
     }
 
-    /// A new non-blocking stream. Errors: [`Error::Driver`].
+    /// Refuse a stream of another context: `what` (e.g. `"the indexer's stream"`) is
+    /// used with `with` (e.g. `"the runtime"`), which lives on this device. A stream of
+    /// another device is [`Error::DeviceMismatch`] naming both ordinals; a stream of
+    /// another context on this same device (an engine's context beside the primary one)
+    /// is [`Error::Invalid`]. Nothing is queued on a stream this refuses.
+    pub fn check_stream(&self, stream: &CudaStream, what: &str, with: &str) -> Result<()> {
+        check_stream_ctx(&self.ctx, stream, what, with)
+    }
+
+    /// The ordinal of the device that owns the device memory at `addr`
+    /// (`cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`), or `None` when
+    /// the driver cannot tell (address 0, an address no allocation of this process
+    /// covers, memory it does not track this way). A cheap query (no synchronization);
+    /// callers run it when an address is first seen, not per launch.
+    pub fn owner_of(&self, addr: u64) -> Option<usize> {
+        if addr == 0 || self.ctx.bind_to_thread().is_err() {
+            return None;
+        }
+        let mut ordinal: i32 = -1;
+        // SAFETY: the driver writes one int (the attribute's documented type) through a
+        // valid pointer; `addr` is only looked up, never dereferenced, and an unknown
+        // address yields an error code, not a fault.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut ordinal as *mut i32 as *mut c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                addr,
+            )
+        };
+        match r.result() {
+            Ok(()) if ordinal >= 0 => Some(ordinal as usize),
+            _ => None,
+        }
+    }
+
+    /// Refuse device memory of another device: `what` (a buffer at `addr`) is used with
+    /// `with` on this device. Memory the driver cannot place ([`Device::owner_of`] is
+    /// `None`) passes: this catches a buffer of the wrong GPU, it does not validate
+    /// addresses. Errors: [`Error::DeviceMismatch`] naming both ordinals.
+    pub fn check_addr(&self, addr: u64, what: &str, with: &str) -> Result<()> {
+        match self.owner_of(addr) {
+            Some(o) if o != self.ordinal => Err(Error::DeviceMismatch {
+                what: what.to_string(),
+                what_device: o,
+                with: with.to_string(),
+                with_device: self.ordinal,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new non-blocking stream. Errors: [`Error::Driver`].    /// A new non-blocking stream. Errors: [`Error::Driver`].
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
         self.ctx
             .new_stream()
@@ -408,7 +459,79 @@ impl Device {
     }
 }
 
-/// A successful JIT: the cubin and the driver's info log.
+/// [`Device::check_stream`] against a context: `stream` must belong to `ctx`.
+pub(crate) fn check_stream_ctx(
+    ctx: &CudaContext,
+    stream: &CudaStream,
+    what: &str,
+    with: &str,
+) -> Result<()> {
+    let sctx = stream.context();
+    if sctx.cu_ctx() == ctx.cu_ctx() {
+        return Ok(());
+    }
+    if sctx.ordinal() != ctx.ordinal() {
+        return Err(Error::DeviceMismatch {
+            what: what.to_string(),
+            what_device: sctx.ordinal(),
+            with: with.to_string(),
+            with_device: ctx.ordinal(),
+        });
+    }
+    Err(Error::invalid(
+        what,
+        format!(
+            "belongs to another CUDA context on device {} than {with} (streams, buffers and \
+             kernels of one runtime share one context)",
+            ctx.ordinal()
+        ),
+    ))
+}
+
+/// What `tritonrt inspect --devices` lists of one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSummary {
+    /// Ordinal.
+    pub ordinal: usize,
+    /// Name (`"NVIDIA H100 80GB HBM3"`).
+    pub name: String,
+    /// Compute capability `(major, minor)`.
+    pub cc: (u32, u32),
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Total device memory, bytes.
+    pub total_bytes: usize,
+    /// Free device memory, bytes (all processes counted).
+    pub free_bytes: usize,
+    /// `cuDriverGetVersion` (e.g. 13000).
+    pub driver_version: i32,
+}
+
+impl Device {
+    /// Every CUDA device of this machine, by ordinal (each one's primary context is
+    /// opened to read its memory).
+    ///
+    /// Errors: [`Error::NoDriver`], [`Error::Driver`].
+    pub fn list() -> Result<Vec<DeviceSummary>> {
+        (0..Device::count()?)
+            .map(|i| {
+                let d = Device::new(i)?;
+                let (free_bytes, total_bytes) = d.mem_info()?;
+                Ok(DeviceSummary {
+                    ordinal: i,
+                    name: d.name().to_string(),
+                    cc: d.cc(),
+                    sm_count: d.sm_count(),
+                    total_bytes,
+                    free_bytes,
+                    driver_version: d.driver_version(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A successful JIT: the cubin and the driver's info log./// A successful JIT: the cubin and the driver's info log.
 #[derive(Debug, Clone)]
 pub struct JitOutput {
     /// The cubin (ELF) bytes.

@@ -312,8 +312,9 @@ impl Kernel {
     /// ([`KernelArg::RawPtr`]) are refused: they go through [`Kernel::launch_raw`].
     ///
     /// Errors: argument errors as in [`crate::abi::pack_args`], [`Error::Launch`] (a raw
-    /// pointer argument, grid limits, a stream of another context, scratch allocation or
-    /// the driver refusing the launch).
+    /// pointer argument, grid limits, scratch allocation or the driver refusing the
+    /// launch), [`Error::DeviceMismatch`] (a stream of another device, naming both
+    /// ordinals), [`Error::Invalid`] (a stream of another context on the same device).
     pub fn launch(
         &self,
         stream: &Arc<CudaStream>,
@@ -376,13 +377,14 @@ impl Kernel {
             kernel: self.variant.id.clone(),
             msg,
         };
-        let mut maps = self.encode_maps(&tma)?;
         let ctx = self.device.context();
-        if stream.context().cu_ctx() != ctx.cu_ctx() {
-            return Err(refuse(
-                "the stream belongs to another CUDA context than the kernel".to_string(),
-            ));
-        }
+        super::device::check_stream_ctx(
+            ctx,
+            stream,
+            "the launch's stream",
+            &format!("kernel {}", self.variant.id),
+        )?;
+        let mut maps = self.encode_maps(&tma)?;
         ctx.bind_to_thread()
             .map_err(|e| refuse(format!("binding the context: {e}")))?;
         let (g, p) = if plan.global_scratch_bytes > 0 || plan.profile_scratch_bytes > 0 {
@@ -643,6 +645,12 @@ impl Kernel {
             msg,
         };
         let plan = plan_launch(&self.variant, grid)?;
+        // The graph and this kernel live in one context; make it current, so an update
+        // issued from a thread that last worked on another device finds it.
+        self.device
+            .context()
+            .bind_to_thread()
+            .map_err(|e| refuse(format!("binding the context: {e}")))?;
         if plan.global_scratch_bytes > 0
             || plan.profile_scratch_bytes > 0
             || plan.cluster.is_some()

@@ -14,6 +14,8 @@ pub mod kernel;
 pub(crate) mod tma;
 
 pub use buffer::{AllocError, DevBuf, DeviceBuf, DeviceDtype};
-pub use device::{driver_err, driver_error_strings, probe_driver, Device, Module, DRIVER_LIB};
+pub use device::{
+    driver_err, driver_error_strings, probe_driver, Device, DeviceSummary, Module, DRIVER_LIB,
+};
 pub use graph::KernelGraph;
 pub use kernel::{BuiltCubin, CacheOutcome, Kernel, LoadInfo};

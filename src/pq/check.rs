@@ -181,6 +181,36 @@ impl CheckReport {
         }
     }
 
+    /// An empty report in `opts`' mode.
+    pub(crate) fn new_for(opts: &CheckOptions<'_>) -> Self {
+        Self::new(opts.mode)
+    }
+
+    /// Count `v` (and list it while fewer than `opts.max_listed` are).
+    pub(crate) fn add(&mut self, v: Violation, opts: &CheckOptions<'_>) {
+        self.push(v, opts.max_listed);
+    }
+
+    /// Fold in the report of batch entry `b` checked as a batch of one: its counts,
+    /// rows, near-tie codes and gap, and its listed violations renamed to row `b`.
+    pub(crate) fn absorb(&mut self, other: CheckReport, b: usize, opts: &CheckOptions<'_>) {
+        self.rows += other.rows;
+        self.near_tie_codes += other.near_tie_codes;
+        if let Some(g) = other.min_heavy_gap {
+            self.min_heavy_gap = Some(self.min_heavy_gap.map_or(g, |m| m.min(g)));
+        }
+        for (k, c) in other.counts {
+            *self.counts.entry(k).or_default() += c;
+        }
+        for mut v in other.listed {
+            if self.listed.len() >= opts.max_listed {
+                break;
+            }
+            v.b = Some(b);
+            self.listed.push(v);
+        }
+    }
+
     /// True when no violation was found.
     pub fn passed(&self) -> bool {
         self.counts.is_empty()
@@ -752,22 +782,38 @@ fn check_row(
         for &j in js.iter().filter(|&&j| j < w0) {
             chosen[j] = true;
         }
+        // The spec's order ("Non-finite inputs"): a NaN ranks below every other score,
+        // and among NaNs the lowest j wins. `min_c` is the chosen key that ranks lowest
+        // (the highest j among NaNs), `max_u` the unchosen one that ranks highest (the
+        // lowest j among NaNs).
+        let below = |a: (usize, f64), b: (usize, f64)| match (a.1.is_nan(), b.1.is_nan()) {
+            (true, true) => a.0 > b.0,
+            (true, false) => true,
+            (false, true) => false,
+            (false, false) => a.1 < b.1,
+        };
         let mut min_c: Option<(usize, f64)> = None;
         let mut max_u: Option<(usize, f64)> = None;
         for (j, &v) in sc.iter().enumerate() {
             if chosen[j] {
-                if min_c.is_none_or(|(_, m)| v < m) {
+                if min_c.is_none_or(|m| below((j, v), m)) {
                     min_c = Some((j, v));
                 }
-            } else if max_u.is_none_or(|(_, m)| v > m) {
+            } else if max_u.is_none_or(|m| below(m, (j, v))) {
                 max_u = Some((j, v));
             }
         }
         if let (Some((jc, c)), Some((ju, u))) = (min_c, max_u) {
-            out.gap = Some(c - u);
+            out.gap = (c.is_finite() && u.is_finite()).then_some(c - u);
             let tol = SCORE_TOL * (1.0 + u.abs());
-            // NaN scores fail too.
-            if c.partial_cmp(&(u - tol)).is_none_or(|o| o.is_lt()) {
+            // Equal scores (infinities included) pass; a chosen NaN passes only below
+            // an unchosen NaN of higher j; finite scores by the tolerance.
+            let ok = if c.is_nan() || u.is_nan() {
+                !below((jc, c), (ju, u))
+            } else {
+                c >= u || (u.is_finite() && c >= u - tol)
+            };
+            if !ok {
                 push(
                     ViolationKind::HeavyScore,
                     format!(

@@ -39,6 +39,9 @@ pub struct GpuIndexer {
     last: Option<StepInfo>,
     arg_order: ArgOrder,
     graph: StepGraph,
+    /// Device addresses of the last step's query, key and caller outputs, already checked
+    /// to lie on this indexer's device (a step checks only addresses that changed).
+    placed: [u64; 5],
 }
 
 impl GpuIndexer {
@@ -48,7 +51,9 @@ impl GpuIndexer {
     /// tuned variant id of the select kernel (else the manifest default for this GPU).
     ///
     /// Errors: config/shape validation, a missing kernel variant, heavy_size above the
-    /// compiled top-k widths, a centroid or phi length mismatch, driver errors.
+    /// compiled top-k widths, a centroid or phi length mismatch, a `stream` of another
+    /// device than `rt`'s ([`Error::DeviceMismatch`], naming both ordinals), driver
+    /// errors.
     pub fn new(
         rt: Arc<Runtime>,
         stream: Arc<CudaStream>,
@@ -171,6 +176,12 @@ impl GpuIndexer {
         phi: CudaSlice<f32>,
         select_variant: Option<&str>,
     ) -> Result<Self> {
+        let dev = rt.device();
+        dev.check_stream(
+            &stream,
+            "the indexer's stream",
+            &format!("the indexer's runtime (device {})", dev.ordinal()),
+        )?;
         let kernels = Kernels::load(&rt, &cfg, select_variant)?;
         let facts = kernels.facts(rt.device().sm_count());
         let state = DeviceState::new(stream, cfg, shape, &kernels, centroids, phi)?;
@@ -183,6 +194,7 @@ impl GpuIndexer {
             last: None,
             arg_order: ArgOrder::default(),
             graph: StepGraph::default(),
+            placed: [0; 5],
         })
     }
 
@@ -194,6 +206,17 @@ impl GpuIndexer {
     /// The runtime the kernels came from.
     pub fn runtime(&self) -> &Arc<Runtime> {
         &self.rt
+    }
+
+    /// The shape this indexer was made for (`s` as given at creation; each step brings
+    /// its own).
+    pub fn shape(&self) -> Shape {
+        self.state.shape
+    }
+
+    /// The config.
+    pub fn config(&self) -> &PqConfig {
+        &self.state.cfg
     }
 
     /// Keys quantized so far (`N_cached`).
@@ -337,7 +360,9 @@ impl GpuIndexer {
     /// (see [`GpuIndexer::download`]). Asynchronous: nothing waits for the GPU.
     ///
     /// Errors: dtype mismatch, `s - init_offset < N_cached` (the state is ahead of the
-    /// sequence), driver/launch errors. Allocation happens only when a buffer must grow.
+    /// sequence), a query or key buffer of another device ([`Error::DeviceMismatch`],
+    /// naming both ordinals), driver/launch errors. Allocation happens only when a buffer
+    /// must grow.
     pub fn step(
         &mut self,
         query: &DeviceTensorRef,
@@ -350,6 +375,7 @@ impl GpuIndexer {
         let sh = self.state.shape;
         query.check_extent("query", [sh.b, sh.h, 1, sh.d])?;
         key.check_extent("key", [sh.b, sh.h_kv, s, sh.d])?;
+        self.check_placement(query, key)?;
         let plan = self.plan(s)?;
         self.state
             .ensure_buffers(&self.kernels, &self.arg_order, self.path, s)?;
@@ -437,6 +463,37 @@ impl GpuIndexer {
         let r = self.step(query, key, s, mode);
         self.state.outputs = None;
         r
+    }
+
+    /// Refuse a query, key or output buffer of another device than the runtime's
+    /// (checked when an address changes; a decode loop on fixed buffers checks once).
+    fn check_placement(&mut self, query: &DeviceTensorRef, key: &DeviceTensorRef) -> Result<()> {
+        let outs = self.state.outputs;
+        let addrs = [
+            ("query buffer", query.buf().addr()),
+            ("key buffer", key.buf().addr()),
+            (
+                "sparse_list output",
+                outs.map_or(0, |o| o.sparse_list.addr()),
+            ),
+            ("sparse_len output", outs.map_or(0, |o| o.sparse_len.addr())),
+            (
+                "weight_list output",
+                outs.map_or(0, |o| o.weight_list.addr()),
+            ),
+        ];
+        let dev = self.rt.device();
+        for (i, (what, addr)) in addrs.into_iter().enumerate() {
+            if addr != 0 && addr != self.placed[i] {
+                dev.check_addr(
+                    addr,
+                    &format!("the step's {what}"),
+                    &format!("the indexer (device {})", dev.ordinal()),
+                )?;
+                self.placed[i] = addr;
+            }
+        }
+        Ok(())
     }
 
     /// Wait for every step issued so far.

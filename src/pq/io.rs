@@ -14,6 +14,10 @@
 //! centroids' shape (`M`, `K = 2^bits`, `d_c`); when given they must agree with it.
 //! `weight_dtype` defaults to the query's dtype (as upstream).
 //!
+//! A ragged batch (spec "Ragged batches") adds `seq_lens` I64 `[B]` (each `S_b <= S`, the
+//! key tensor's length) and optionally `n_cached` I64 `[B]` ([`read_ragged`],
+//! [`write_ragged_inputs`]); its outputs are padded ([`write_ragged_outputs`]).
+//!
 //! Output file: `sparse_list` I64 `[B, H, total]`, `sparse_len` I64 `[B, H]`,
 //! `weight_list` `[B, H, S]` in `weight_dtype`, `pq_codebook` I64 `[B, n, H_kv, M]`, plus
 //! the config in `__metadata__`. Every file is written atomically: a temporary file in the
@@ -26,6 +30,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 
 use super::config::{DType, Metric, PqConfig, PqConfigOverrides, Shape};
+use super::ragged::{RaggedInputs, RaggedOutput};
 use super::reference::PqOutput;
 use super::workload::PqInputs;
 use crate::artifact::write_atomic;
@@ -47,6 +52,10 @@ pub const SPARSE_LIST: &str = "sparse_list";
 pub const SPARSE_LEN: &str = "sparse_len";
 /// Output tensor name of the 0/1 weights.
 pub const WEIGHT_LIST: &str = "weight_list";
+/// Input and output tensor name of a ragged batch's lengths, i64 `[B]`.
+pub const SEQ_LENS: &str = "seq_lens";
+/// Input and output tensor name of a ragged batch's cached-code counts, i64 `[B]`.
+pub const N_CACHED: &str = "n_cached";
 
 fn dtype_name(d: Dtype) -> String {
     format!("{d:?}")
@@ -618,6 +627,11 @@ fn config_metadata(cfg: &PqConfig) -> HashMap<String, String> {
 /// example to feed the same step to `kernels_triton/reference.py`. `query`/`key` are
 /// written in `cfg.input_dtype`. Errors: invalid inputs, [`Error::Io`].
 pub fn write_inputs(path: &Path, cfg: &PqConfig, inputs: &PqInputs) -> Result<()> {
+    write_tensors(path, input_tensors(cfg, inputs)?, config_metadata(cfg))
+}
+
+/// The input tensors of `inputs` (validated first).
+fn input_tensors(cfg: &PqConfig, inputs: &PqInputs) -> Result<Vec<(&'static str, OwnedTensor)>> {
     inputs.validate(cfg)?;
     let Shape { b, h, h_kv, s, d } = inputs.shape;
     let (mm, k, dc) = (cfg.pq_group_factor, cfg.k_centroids(), cfg.d_c(d));
@@ -645,26 +659,144 @@ pub fn write_inputs(path: &Path, cfg: &PqConfig, inputs: &PqInputs) -> Result<()
             OwnedTensor::floats(phi, DType::F32, vec![b * h_kv * mm]),
         ));
     }
+    Ok(tensors)
+}
+
+/// A ragged batch's lengths as a file holds them: `seq_lens` and, when present,
+/// `n_cached` (i64 `[B]` each, not yet validated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaggedLens {
+    /// `S_b` per entry.
+    pub seq_lens: Vec<i64>,
+    /// `N_cached[b]` per entry; None: every entry has the codes tensor's `N`.
+    pub n_cached: Option<Vec<i64>>,
+}
+
+/// The ragged-batch tensors of an input file (spec "Ragged batches"): `seq_lens` i64
+/// `[B]` and, when present, `n_cached` i64 `[B]`; None when the file has no `seq_lens`
+/// (a fixed-`S` step). Validate them with [`RaggedInputs::new`].
+///
+/// Errors: as [`read_inputs`] (a tensor of another dtype or shape: [`Error::PqTensor`]).
+pub fn read_ragged(path: &Path) -> Result<Option<RaggedLens>> {
+    let file = Loaded::read(path)?;
+    let st = file.tensors()?;
+    let names = st.names();
+    let has = |n: &str| names.contains(&n);
+    if !has(SEQ_LENS) {
+        return Ok(None);
+    }
+    let one_dim = |name: &str| -> Result<Vec<i64>> {
+        let exp = "dtype I64 with shape [B]";
+        let t = ints(&st, path, name, exp)?;
+        if t.shape.len() != 1 {
+            return Err(tensor_err(
+                path,
+                name,
+                exp.into(),
+                format!("shape {:?}", t.shape),
+            ));
+        }
+        Ok(t.values)
+    };
+    let seq_lens = one_dim(SEQ_LENS)?;
+    let n_cached = if has(N_CACHED) {
+        Some(one_dim(N_CACHED)?)
+    } else {
+        None
+    };
+    Ok(Some(RaggedLens { seq_lens, n_cached }))
+}
+
+/// Write a ragged step's inputs: the fixed-shape tensors at `S_alloc`, `seq_lens` and
+/// `n_cached` (i64 `[B]`), and the config. Errors: invalid inputs, [`Error::Io`].
+pub fn write_ragged_inputs(path: &Path, cfg: &PqConfig, x: &RaggedInputs) -> Result<()> {
+    let mut tensors = input_tensors(cfg, &x.inputs)?;
+    let b = x.batch();
+    let as_i64 = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
+    tensors.push((SEQ_LENS, OwnedTensor::ints(&as_i64(&x.seq_lens), vec![b])));
+    tensors.push((N_CACHED, OwnedTensor::ints(&as_i64(&x.n_cached), vec![b])));
     write_tensors(path, tensors, config_metadata(cfg))
+}
+
+/// Write a ragged step's outputs: `sparse_list` I64 `[B, H, max total_b]` (`-1` past
+/// each row's length), `sparse_len` I64 `[B, H]`, `weight_list` `[B, H, S_alloc]` in
+/// `cfg.weight_dtype`, `pq_codebook` I64 `[B, max n_b, H_kv, M]`, `n_cached` I64 `[B]`
+/// and `seq_lens` I64 `[B]`. Errors: inconsistent output sizes ([`Error::PqTensor`]),
+/// [`Error::Io`].
+pub fn write_ragged_outputs(path: &Path, cfg: &PqConfig, out: &RaggedOutput) -> Result<()> {
+    let as_i64 = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
+    let (n_cached, seq_lens) = (as_i64(&out.n_cached), as_i64(&out.seq_lens));
+    let parts = OutputParts {
+        b: out.b,
+        h: out.h,
+        h_kv: out.h_kv,
+        m: out.m,
+        total: out.total,
+        s: out.s_alloc,
+        n: out.n_max,
+        sparse_list: &out.sparse_list,
+        sparse_len: &out.sparse_len,
+        weight_list: &out.weight_list,
+        codes: &out.codes,
+    };
+    write_output_parts(
+        path,
+        cfg,
+        &parts,
+        vec![(N_CACHED, &n_cached[..]), (SEQ_LENS, &seq_lens[..])],
+    )
 }
 
 /// Write a step's outputs (see the module docs); `weight_list` in `cfg.weight_dtype`.
 /// Errors: inconsistent output sizes ([`Error::PqTensor`]), [`Error::Io`].
 pub fn write_outputs(path: &Path, cfg: &PqConfig, out: &PqOutput) -> Result<()> {
-    let checks = [
-        (
-            SPARSE_LIST,
-            out.sparse_list.len(),
-            out.b * out.h * out.total,
-        ),
-        (SPARSE_LEN, out.sparse_len.len(), out.b * out.h),
-        (WEIGHT_LIST, out.weight_list.len(), out.b * out.h * out.s),
-        (
-            CODEBOOK,
-            out.codes.len(),
-            out.b * out.n_cached * out.h_kv * out.m,
-        ),
+    let parts = OutputParts {
+        b: out.b,
+        h: out.h,
+        h_kv: out.h_kv,
+        m: out.m,
+        total: out.total,
+        s: out.s,
+        n: out.n_cached,
+        sparse_list: &out.sparse_list,
+        sparse_len: &out.sparse_len,
+        weight_list: &out.weight_list,
+        codes: &out.codes,
+    };
+    write_output_parts(path, cfg, &parts, Vec::new())
+}
+
+/// The tensors of a step's outputs and their dimensions (`s`: the row length of
+/// `weight_list`; `n`: the second dimension of the codes).
+struct OutputParts<'a> {
+    b: usize,
+    h: usize,
+    h_kv: usize,
+    m: usize,
+    total: usize,
+    s: usize,
+    n: usize,
+    sparse_list: &'a [i64],
+    sparse_len: &'a [i64],
+    weight_list: &'a [f32],
+    codes: &'a [i64],
+}
+
+/// Write `p` and `per_row` (i64 `[B]` tensors), each size checked first, with the config
+/// and `seq_len = p.s` in the metadata.
+fn write_output_parts(
+    path: &Path,
+    cfg: &PqConfig,
+    p: &OutputParts<'_>,
+    per_row: Vec<(&'static str, &[i64])>,
+) -> Result<()> {
+    let mut checks = vec![
+        (SPARSE_LIST, p.sparse_list.len(), p.b * p.h * p.total),
+        (SPARSE_LEN, p.sparse_len.len(), p.b * p.h),
+        (WEIGHT_LIST, p.weight_list.len(), p.b * p.h * p.s),
+        (CODEBOOK, p.codes.len(), p.b * p.n * p.h_kv * p.m),
     ];
+    checks.extend(per_row.iter().map(|&(name, v)| (name, v.len(), p.b)));
     for (name, got, want) in checks {
         if got != want {
             return Err(Error::PqTensor {
@@ -676,29 +808,27 @@ pub fn write_outputs(path: &Path, cfg: &PqConfig, out: &PqOutput) -> Result<()> 
         }
     }
     let mut meta = config_metadata(cfg);
-    meta.insert("seq_len".into(), out.s.to_string());
-    let tensors = vec![
+    meta.insert("seq_len".into(), p.s.to_string());
+    let mut tensors = vec![
         (
             SPARSE_LIST,
-            OwnedTensor::ints(&out.sparse_list, vec![out.b, out.h, out.total]),
+            OwnedTensor::ints(p.sparse_list, vec![p.b, p.h, p.total]),
         ),
-        (
-            SPARSE_LEN,
-            OwnedTensor::ints(&out.sparse_len, vec![out.b, out.h]),
-        ),
+        (SPARSE_LEN, OwnedTensor::ints(p.sparse_len, vec![p.b, p.h])),
         (
             WEIGHT_LIST,
-            OwnedTensor::floats(
-                &out.weight_list,
-                cfg.weight_dtype,
-                vec![out.b, out.h, out.s],
-            ),
+            OwnedTensor::floats(p.weight_list, cfg.weight_dtype, vec![p.b, p.h, p.s]),
         ),
         (
             CODEBOOK,
-            OwnedTensor::ints(&out.codes, vec![out.b, out.n_cached, out.h_kv, out.m]),
+            OwnedTensor::ints(p.codes, vec![p.b, p.n, p.h_kv, p.m]),
         ),
     ];
+    tensors.extend(
+        per_row
+            .into_iter()
+            .map(|(name, v)| (name, OwnedTensor::ints(v, vec![p.b]))),
+    );
     write_tensors(path, tensors, meta)
 }
 

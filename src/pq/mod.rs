@@ -11,9 +11,16 @@
 //! - [`io`]: safetensors input/output in the upstream layouts.
 //! - [`plan`]: which kernels a GPU decode step launches, as data ([`plan::plan_step`],
 //!   pure: unit-tested on the CPU).
+//! - [`ragged`]: ragged batches (each entry at its own length): inputs, padded outputs,
+//!   the CPU reference and the checker, built from the fixed-`S` ones per entry.
+//!
+//! - [`shard_plan`]: heads split over `G` devices as tensor parallelism does
+//!   ([`shard_plan::ShardPlan`]: head ranges, slicing the inputs, stitching the outputs;
+//!   pure).
 //!
 //! GPU side: [`gpu`] (the indexer, its kernels, device state, graph cache and the
-//! execute / bench harness, in the private modules it re-exports from).
+//! execute / bench harness, in the private modules it re-exports from) and [`sharded`]
+//! (the indexer over several GPUs, one shard of heads per device).
 //!
 //! Layouts (row-major, all host `Vec`s): `query [B, H, 1, D]`, `key [B, H_kv, S, D]`,
 //! `centroids [B, H_kv, M, K, d_c]`, codes upstream `[B, N, H_kv, M]` i64,
@@ -34,7 +41,10 @@ mod kernels;
 mod launch;
 pub mod plan;
 pub mod prefill;
+pub mod ragged;
 pub mod reference;
+pub mod shard_plan;
+pub mod sharded;
 mod state;
 #[cfg(feature = "cli")]
 pub mod tune;

@@ -128,23 +128,26 @@ pub fn subvector_distance(x: &[f32], centroid: &[f32], phi: Option<f32>) -> f64 
 }
 
 /// The code of subvector `x` (`d_s` values) among `centroids` (`K * d_c` values, one
-/// subvector's block): `argmin_c` of [`subvector_distance`], the lowest `c` on ties.
-/// Returns `(code, distance)`.
+/// subvector's block): `argmin_c` of [`subvector_distance`], the lowest `c` on ties; a NaN
+/// distance is never taken, and where every distance is NaN the code is 0 (spec
+/// "Non-finite inputs": a key with a non-finite coordinate gets the lowest `c` whose
+/// distance is not NaN). Returns `(code, distance)` (distance NaN where every one is).
 pub fn quantize_subvector(
     x: &[f32],
     centroids: &[f32],
     d_c: usize,
     phi: Option<f32>,
 ) -> (usize, f64) {
-    let mut best = (0usize, f64::INFINITY);
+    let mut best: Option<(usize, f64)> = None;
     for (c, cen) in centroids.chunks_exact(d_c).enumerate() {
         let dist = subvector_distance(x, cen, phi);
-        // Strict `<` keeps the lowest c on ties; a NaN distance never wins.
-        if dist < best.1 {
-            best = (c, dist);
+        // Strict `<` keeps the lowest c on ties; the first non-NaN distance is taken even
+        // when it is +inf; a NaN distance never is.
+        if !dist.is_nan() && best.is_none_or(|(_, d)| dist < d) {
+            best = Some((c, dist));
         }
     }
-    best
+    best.unwrap_or((0, f64::NAN))
 }
 
 /// `phi` for `(b, g, m)` under the config's metric (None for euclidean).

@@ -192,7 +192,8 @@ impl GpuPrefill {
     ///
     /// Errors: config/shape validation ([`PrefillConfig::validate`]), a key view too short
     /// for the shape or of another dtype, a missing or mis-sized `given`, sizes past the
-    /// kernels' i32 arguments or grid limits, driver errors.
+    /// kernels' i32 arguments or grid limits, a stream or key buffer of another device
+    /// than the runtime's ([`Error::DeviceMismatch`]), driver errors.
     pub fn run(
         &self,
         stream: &Arc<CudaStream>,
@@ -202,6 +203,10 @@ impl GpuPrefill {
         given: Option<&CudaSlice<f32>>,
     ) -> Result<PrefillResult> {
         cfg.validate(shape)?;
+        let dev = self.rt.device();
+        let on = format!("the prefill's runtime (device {})", dev.ordinal());
+        dev.check_stream(stream, "the prefill's stream", &on)?;
+        dev.check_addr(key.buf().addr(), "the key buffer", &on)?;
         if key.dtype() != cfg.input_dtype {
             return Err(Error::invalid(
                 "key",

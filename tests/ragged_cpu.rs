@@ -1,0 +1,247 @@
+//! Ragged batches on the CPU (spec "Ragged batches"): the reference per entry with the
+//! padding rules, equal lengths equal to the fixed-`S` step, the checker catching each
+//! padding and per-entry error, and the refusals naming the row and the values.
+
+mod common;
+
+use tritonrt::pq::check::{CheckOptions, ViolationKind};
+use tritonrt::pq::ragged::{check_ragged, reference_step, RaggedInputs};
+use tritonrt::pq::{step, PqConfig, PqInputs, Shape};
+
+fn cfg() -> PqConfig {
+    PqConfig {
+        sink_size: 8,
+        window_size: 16,
+        heavy_size: 24,
+        init_offset: 8,
+        pq_bits: 4,
+        ..PqConfig::reference_workload()
+    }
+}
+
+fn shape(b: usize, s: usize) -> Shape {
+    Shape {
+        b,
+        h: 4,
+        h_kv: 2,
+        s,
+        d: 16,
+    }
+}
+
+fn seed() -> u64 {
+    common::test_seed()
+}
+
+/// Lengths of every kind at once: the short path (S_b below the threshold, and S_b = 1),
+/// S_b = K-ish, S_b = S_alloc, and rows with fewer cached codes (several new keys).
+#[test]
+fn reference_pads_each_entry_and_checker_passes_it() {
+    let c = cfg();
+    let s_alloc = 900;
+    let thr = c.short_threshold();
+    let lens: Vec<i64> = vec![1, thr as i64, thr as i64 + 1, 300, 16, s_alloc as i64];
+    let b = lens.len();
+    let n_max = c.n_quantized(s_alloc) - 1;
+    let x = PqInputs::random(&c, shape(b, s_alloc), n_max, seed()).unwrap();
+    let n_cached: Vec<i64> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let n = c.n_quantized(s as usize) as i64;
+            // one new key, several (row 3), or the short path's count
+            if c.is_short(s as usize) {
+                0
+            } else if i == 3 {
+                n - 7
+            } else {
+                n - 1
+            }
+        })
+        .collect();
+    let rx = RaggedInputs::new(&c, x, &lens, Some(&n_cached)).unwrap();
+    let out = reference_step(&c, &rx).unwrap();
+    let want_total = lens.iter().map(|&s| c.total(s as usize)).max().unwrap();
+    assert_eq!(out.total, want_total);
+    for (bi, &s) in lens.iter().enumerate() {
+        let s = s as usize;
+        let t_b = c.total(s);
+        for h in 0..4 {
+            let r = bi * 4 + h;
+            assert_eq!(out.sparse_len[r], t_b as i64);
+            let row = &out.sparse_list[r * out.total..(r + 1) * out.total];
+            assert!(row[t_b..].iter().all(|&v| v == -1), "row {bi}: tail not -1");
+            assert!(row[..t_b].iter().all(|&v| (0..s as i64).contains(&v)));
+            let w = &out.weight_list[r * s_alloc..(r + 1) * s_alloc];
+            assert!(
+                w[s..].iter().all(|&v| v == 0.0),
+                "row {bi}: weights past S_b"
+            );
+            assert!(w[..s].contains(&1.0), "row {bi}: no weight set");
+            if c.is_short(s) {
+                assert_eq!(&row[..t_b], &(0..s as i64).collect::<Vec<_>>()[..]);
+            }
+        }
+        let want_n = if c.is_short(s) { 0 } else { c.n_quantized(s) };
+        assert_eq!(out.n_cached[bi], want_n, "row {bi}: n_cached");
+    }
+    let opts = CheckOptions::default();
+    let rep = check_ragged(&c, &rx, &out, &opts);
+    assert!(rep.passed(), "{rep}");
+    assert_eq!(rep.rows, 4 * b);
+}
+
+/// With equal lengths the ragged step is exactly the fixed-S step.
+#[test]
+fn equal_lengths_are_the_fixed_step() {
+    let c = cfg();
+    let s = 700;
+    let n = PqInputs::default_n_cached(&c, s);
+    let x = PqInputs::random(&c, shape(3, s), n, seed()).unwrap();
+    let fixed = step(&c, &x).unwrap();
+    let rx = RaggedInputs::new(&c, x, &[s as i64; 3], None).unwrap();
+    let out = reference_step(&c, &rx).unwrap();
+    assert_eq!(out.sparse_list, fixed.sparse_list);
+    assert_eq!(out.sparse_len, fixed.sparse_len);
+    assert_eq!(out.weight_list, fixed.weight_list);
+    assert_eq!(out.codes, fixed.codes);
+    assert_eq!(out.n_cached, vec![fixed.n_cached; 3]);
+}
+
+/// Each padding or per-entry error is caught and names its row.
+#[test]
+fn checker_catches_padding_and_entry_errors() {
+    let c = cfg();
+    let s_alloc = 800;
+    let lens = [500i64, 30, 800];
+    let n_max = c.n_quantized(s_alloc) - 1;
+    let x = PqInputs::random(&c, shape(3, s_alloc), n_max, seed()).unwrap();
+    let n_cached: Vec<i64> = lens
+        .iter()
+        .map(|&s| {
+            if c.is_short(s as usize) {
+                0
+            } else {
+                c.n_quantized(s as usize) as i64 - 1
+            }
+        })
+        .collect();
+    let rx = RaggedInputs::new(&c, x, &lens, Some(&n_cached)).unwrap();
+    let good = reference_step(&c, &rx).unwrap();
+    let opts = CheckOptions::default();
+    let fails = |o: &tritonrt::pq::ragged::RaggedOutput, kind: ViolationKind, row: usize| {
+        let rep = check_ragged(&c, &rx, o, &opts);
+        assert!(rep.count(kind) > 0, "{kind:?} not caught: {rep}");
+        assert!(
+            rep.listed.iter().any(|v| v.b == Some(row)),
+            "row {row} not named: {rep}"
+        );
+    };
+    // a tail entry of row 1 (the short row: 30 entries of 48) not -1
+    let mut o = good.clone();
+    let t1 = c.total(30);
+    assert!(t1 < o.total);
+    o.sparse_list[4 * o.total + t1] = 3;
+    fails(&o, ViolationKind::SparseLen, 1);
+    // a weight past S_b of row 1 (a short row)
+    let mut o = good.clone();
+    o.weight_list[4 * s_alloc + 100] = 1.0;
+    fails(&o, ViolationKind::WeightList, 1);
+    // a heavy pick of row 2 swapped for a masked one
+    let mut o = good.clone();
+    let r = 2 * 4;
+    let row = &mut o.sparse_list[r * o.total..(r + 1) * o.total];
+    let hi = 8 + 5; // a heavy entry (after the 8 sinks)
+    let old = row[hi] as usize;
+    let new = 800 - 16 - 1; // just before the window: masked? choose a j >= w0
+    row[hi] = new as i64;
+    row[..c.total(800)].sort_unstable();
+    o.weight_list[r * s_alloc + old] = 0.0;
+    o.weight_list[r * s_alloc + new] = 1.0;
+    let rep = check_ragged(&c, &rx, &o, &opts);
+    assert!(!rep.passed(), "a swapped heavy pick passed");
+    assert!(rep.listed.iter().any(|v| v.b == Some(2)), "{rep}");
+    // a wrong n_cached
+    let mut o = good.clone();
+    o.n_cached[0] += 1;
+    fails(&o, ViolationKind::Codes, 0);
+}
+
+/// Bad lengths are refused naming the row and the values.
+#[test]
+fn bad_lengths_are_refused_naming_the_row() {
+    let c = cfg();
+    let s_alloc = 600;
+    let n = c.n_quantized(s_alloc) - 1;
+    let x = PqInputs::random(&c, shape(2, s_alloc), n, 3).unwrap();
+    let err = |lens: &[i64], nc: Option<&[i64]>| {
+        RaggedInputs::new(&c, x.clone(), lens, nc)
+            .expect_err("accepted")
+            .to_string()
+    };
+    let e = err(&[600, 601], None);
+    assert!(
+        e.contains("row 1") && e.contains("601") && e.contains("600"),
+        "{e}"
+    );
+    let e = err(&[-3, 100], None);
+    assert!(e.contains("row 0") && e.contains("-3"), "{e}");
+    let e = err(&[0, 100], None);
+    assert!(e.contains("row 0") && e.contains("S_b = 0"), "{e}");
+    let e = err(&[600], None);
+    assert!(e.contains("seq_lens") && e.contains("B=2"), "{e}");
+    // more codes than the row has keys: row 1 at S_b = 300 holds 300 - 8 = 292 keys
+    let e = err(&[600, 300], Some(&[10, 400]));
+    assert!(
+        e.contains("row 1") && e.contains("400") && e.contains("292"),
+        "{e}"
+    );
+    // more than the codes tensor holds
+    let e = err(&[600, 600], Some(&[10, n as i64 + 1]));
+    assert!(
+        e.contains("row 1") && e.contains(&(n + 1).to_string()),
+        "{e}"
+    );
+    let e = err(&[600, 600], Some(&[-1, 5]));
+    assert!(e.contains("row 0") && e.contains("-1"), "{e}");
+}
+
+/// A ragged batch written to safetensors reads back as the same batch (`seq_lens` and
+/// `n_cached` i64 `[B]`), and its padded outputs are written with their shapes.
+#[test]
+fn ragged_files_round_trip() {
+    use tritonrt::pq::io::{read_inputs, read_ragged, write_ragged_inputs, write_ragged_outputs};
+    use tritonrt::pq::PqConfigOverrides;
+    let c = cfg();
+    let dir = tempfile::tempdir().unwrap();
+    let s_alloc = 640;
+    let lens = [640i64, 200, 30];
+    let n_max = c.n_quantized(s_alloc) - 1;
+    let x = PqInputs::random(&c, shape(3, s_alloc), n_max, seed()).unwrap();
+    let nc: Vec<i64> = lens
+        .iter()
+        .map(|&s| {
+            if c.is_short(s as usize) {
+                0
+            } else {
+                c.n_quantized(s as usize) as i64 - 2
+            }
+        })
+        .collect();
+    let rx = RaggedInputs::new(&c, x, &lens, Some(&nc)).unwrap();
+    let p = dir.path().join("in.safetensors");
+    write_ragged_inputs(&p, &c, &rx).unwrap();
+    let (c2, x2) = read_inputs(&p, &PqConfigOverrides::default()).unwrap();
+    let lens2 = read_ragged(&p).unwrap().expect("seq_lens present");
+    let rx2 = RaggedInputs::new(&c2, x2, &lens2.seq_lens, lens2.n_cached.as_deref()).unwrap();
+    assert_eq!(c2, c);
+    assert_eq!(rx2, rx);
+    let out = reference_step(&c, &rx).unwrap();
+    let po = dir.path().join("out.safetensors");
+    write_ragged_outputs(&po, &c, &out).unwrap();
+    assert!(po.metadata().unwrap().len() > 0);
+    // a fixed-S file has no seq_lens
+    let pf = dir.path().join("fixed.safetensors");
+    tritonrt::pq::io::write_inputs(&pf, &c, &rx.entry(0)).unwrap();
+    assert!(read_ragged(&pf).unwrap().is_none());
+}
