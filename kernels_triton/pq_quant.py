@@ -101,9 +101,12 @@ def _nearest_nf(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOC
 
 
 @triton.jit
-def _quant_tile(tile, k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
-                metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT16: tl.constexpr):
-    """Keys ``tile*BLOCK_N ..`` (those below ``n_new``) of grid row ``program_id(1)``."""
+def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
+                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+                    SPLIT16: tl.constexpr):
+    """See the module docstring. Grid ``(cdiv(n_new, BLOCK_N), B*H_kv*M)``."""
+    tl.static_assert(SPLIT16 == 0 or k_ptr.dtype.element_ty == tl.bfloat16, "SPLIT16: bf16 keys only")
+    tile = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)  # (b*H_kv + g)*M + m
     m = row % M
     bg = row // M
@@ -190,22 +193,13 @@ def _quant_tile(tile, k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_k
 
 
 
-@triton.jit
-def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
-                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-                    SPLIT16: tl.constexpr = 0, TILES: tl.constexpr = 1):
-    """See the module docstring. Grid ``(cdiv(n_new, BLOCK_N * TILES), B*H_kv*M)``: each
-    program takes ``TILES`` consecutive tiles of ``BLOCK_N`` keys."""
-    for j in range(TILES):
-        _quant_tile(tl.program_id(0) * TILES + j, k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K,
-                    d_s, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D, SPLIT16)
-
 
 # ----------------------------------------------------------------------------------
 # declarations for the build
 
 DTYPES = ("fp32", "bf16", "fp16")
-FIXED = {"BLOCK_C": 64}
+FIXED = {"BLOCK_C": 64, "BLOCK_D": 32}
+#: registers per thread at most for the vector-load family: two 8-warp CTAs per SM
 MAXNREG = 128
 
 
@@ -219,17 +213,15 @@ def _args(qt, aligned):
 
 
 def _sm90(qt, aligned):
-    """sm_90 variants: the default (64 keys, 8 warps, tf32x3) and, for the aligned bf16
-    kernel, the measured alternatives (keys per CTA, warps, bf16 split)."""
-    base = Variant.make({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0, "TILES": 1}, 8, 1, True)
+    """sm_90 variants. The any-layout kernel: 64 keys per CTA, 8 warps, tf32x3 (as first
+    built). The vector-load kernel: bf16 keys 128 per CTA with the bf16 centroid split
+    (the fastest measured, NOTES.md "multi-token steps"), plus 256 keys per CTA and the
+    tf32x3 form to compare; fp32 / fp16 keys 64 per CTA, tf32x3."""
+    tf32 = {"BLOCK_N": 64, "SPLIT16": 0}
     if not (aligned and qt == "bf16"):
-        return (base, )
-    more = [Variant.make({"BLOCK_N": bn, "BLOCK_D": bd, "SPLIT16": sp, "TILES": tiles}, nw, 1)
-            for bn, bd, sp, nw, tiles in ((64, 32, 1, 8, 1), (64, 32, 1, 4, 1), (128, 32, 0, 4, 1), (128, 32, 1, 4, 1),
-                                          (128, 32, 1, 8, 1), (256, 32, 1, 8, 1), (128, 64, 1, 4, 1),
-                                          (128, 64, 1, 8, 1), (128, 32, 1, 4, 2), (128, 32, 1, 4, 4),
-                                          (64, 32, 1, 4, 4), (128, 32, 1, 8, 4))]
-    return (base, *more)
+        return (Variant.make(tf32, 8, 1, True), )
+    return (Variant.make({"BLOCK_N": 128, "SPLIT16": 1}, 8, 1, True), Variant.make({"BLOCK_N": 256, "SPLIT16": 1}, 8, 1),
+            Variant.make(tf32, 8, 1))
 
 
 KERNELS = []
@@ -237,5 +229,5 @@ for _qt in DTYPES:
     for _al in (False, True):
         KERNELS.append(
             Kernel(name=f"pq_quant{'.a16' if _al else ''}.k_{_qt}", fn=pq_quant_kernel, args=_args(_qt, _al),
-                   fixed=FIXED, variants={80: single({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0, "TILES": 1}, 8, 1), 90: _sm90(_qt, _al)},
+                   fixed=FIXED, variants={80: single({"BLOCK_N": 64, "SPLIT16": 0}, 8, 1), 90: _sm90(_qt, _al)},
                    maxnreg=MAXNREG if _al else 0))

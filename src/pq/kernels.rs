@@ -95,7 +95,7 @@ pub(crate) struct SplitKernels {
     pub tile: usize,
 }
 
-/// A `pq_quant` kernel and the keys each of its CTAs takes (`BLOCK_N * TILES`).
+/// A `pq_quant` kernel and the keys each of its CTAs takes (its variant's `BLOCK_N`).
 #[derive(Clone)]
 pub(crate) struct QuantKernel {
     pub kernel: Arc<Kernel>,
@@ -103,14 +103,12 @@ pub(crate) struct QuantKernel {
 }
 
 impl QuantKernel {
-    /// `kernel` with its keys per CTA: `BLOCK_N` times `TILES` (1 where the variant
-    /// has none).
+    /// `kernel` with its `BLOCK_N`.
     ///
     /// Errors: [`Error::Invalid`] where the variant has no integer `BLOCK_N`.
     fn new(kernel: Arc<Kernel>) -> Result<Self> {
-        let tiles = constexpr_usize(&kernel, "TILES").unwrap_or(1).max(1);
         Ok(Self {
-            block: constexpr_usize(&kernel, "BLOCK_N")? * tiles,
+            block: constexpr_usize(&kernel, "BLOCK_N")?,
             kernel,
         })
     }

@@ -335,7 +335,7 @@ impl StepLaunches<'_> {
     }
 
     /// `pq_quant` over the new keys `n_old .. n` (`n > n_old`): grid
-    /// `(cdiv(n - n_old, BLOCK_N * TILES), B*H_kv*M)`, codes `n_old .. n` of every KV head; the
+    /// `(cdiv(n - n_old, BLOCK_N), B*H_kv*M)`, codes `n_old .. n` of every KV head; the
     /// vector-load kernel where the key layout allows ([`Kernels::quant_for`]).
     ///
     /// Errors: an argument beyond its kernel's type, a grid row count beyond 65535.

@@ -201,7 +201,7 @@ impl StepKind {
 pub struct StepPlan {
     /// What the step's select launches are.
     pub kind: StepKind,
-    /// Whether `pq_quant` (grid `(cdiv(n - n_old, BLOCK_N * TILES), B*H_kv*M)`) quantizes the new
+    /// Whether `pq_quant` (grid `(cdiv(n - n_old, BLOCK_N), B*H_kv*M)`) quantizes the new
     /// keys first, the select kernels then seeing `n_old = n` (nothing to quantize);
     /// else the select kernel quantizes them itself (never on the short path).
     pub bulk_quantize: bool,
