@@ -195,7 +195,7 @@ fn gpu_every_pq_quant_variant_matches_cpu_reference() {
     let seed = common::test_seed();
     let cc = rt.device().cc();
     let mut failures = Vec::new();
-    let mut runs = 0;
+    let (mut runs, mut passed) = (0, 0);
     for (ci, case) in cases().iter().enumerate() {
         let qt = match case.cfg.input_dtype {
             DType::F32 => "fp32",
@@ -214,6 +214,7 @@ fn gpu_every_pq_quant_variant_matches_cpu_reference() {
             let s = seed.wrapping_add((ci * 17 + ni) as u64 * 104_729);
             let inputs = PqInputs::random(&case.cfg, case.shape, n0, s).expect("inputs");
             for id in &ids {
+                runs += 1;
                 let what = format!("{} new={new} {id}", case.name);
                 let ex = match execute_with_path(
                     &rt,
@@ -233,10 +234,10 @@ fn gpu_every_pq_quant_variant_matches_cpu_reference() {
                         continue;
                     }
                 };
-                runs += 1;
                 let report = check(&case.cfg, &inputs, &ex.output);
                 let ok = report.passed() && ex.graph_matches && ex.bulk_quantize;
                 eprintln!("{} {what}", if ok { "ok  " } else { "FAIL" });
+                passed += usize::from(ok);
                 if !ok {
                     eprintln!("{report}");
                     failures.push(what);
@@ -244,9 +245,12 @@ fn gpu_every_pq_quant_variant_matches_cpu_reference() {
             }
         }
     }
-    eprintln!("{} of {runs} variant runs passed", runs - failures.len());
+    eprintln!("{passed} of {runs} variant runs passed");
     assert!(failures.is_empty(), "failed: {failures:#?}");
-    assert!(runs > 0, "no variant ran");
+    assert!(
+        runs > 0 && passed == runs,
+        "{passed} of {runs} variant runs passed"
+    );
 }
 
 /// New keys with NaN or infinite coordinates, quantized by `pq_quant` among finite ones:
