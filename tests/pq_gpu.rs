@@ -839,7 +839,7 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
             SelectPath::IndexWfill,
             SelectPath::IndexCompanion,
         ] {
-            let run = || execute_with_path(&rt, &cfg, &x, None, path, 0, false);
+            let run = || execute_with_path(&rt, &cfg, &x, None, path, None, None, 0, false);
             let (a, b) = match (run(), run()) {
                 (Ok(a), Ok(b)) => (a, b),
                 (Err(e), _) | (_, Err(e)) => {
