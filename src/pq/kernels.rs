@@ -95,6 +95,13 @@ pub(crate) struct SplitKernels {
     pub tile: usize,
 }
 
+/// Whether keys at byte address `addr` with element strides `strides` (`[batch, head,
+/// position]`) and subvectors of `d_s` elements meet `pq_quant.a16`'s declarations: the
+/// address a multiple of 16 bytes, the strides and `d_s` multiples of 16 elements.
+pub(crate) fn vector_loads_allowed(addr: u64, strides: [i64; 3], d_s: usize) -> bool {
+    addr.is_multiple_of(16) && strides.iter().all(|s| s % 16 == 0) && d_s.is_multiple_of(16)
+}
+
 /// A `pq_quant` kernel and the keys each of its CTAs takes (its variant's `BLOCK_N`).
 #[derive(Clone)]
 pub(crate) struct QuantKernel {
@@ -239,13 +246,7 @@ impl Kernels {
     /// any-layout one.
     pub fn quant_for(&self, addr: u64, strides: [i64; 3], d_s: usize) -> &QuantKernel {
         match &self.quant_a16 {
-            Some(q)
-                if addr.is_multiple_of(16)
-                    && strides.iter().all(|s| s % 16 == 0)
-                    && d_s.is_multiple_of(16) =>
-            {
-                q
-            }
+            Some(q) if vector_loads_allowed(addr, strides, d_s) => q,
             _ => &self.quant,
         }
     }
@@ -286,5 +287,29 @@ impl Kernels {
             v.push(ik.index.clone());
         }
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vector_loads_allowed;
+
+    #[test]
+    fn vector_loads_need_every_term_divisible_by_16() {
+        let st = [8 * 32768 * 128, 32768 * 128, 128];
+        assert!(vector_loads_allowed(0x7f00_0000_0200, st, 64));
+        // the address: 8 bytes off
+        assert!(!vector_loads_allowed(0x7f00_0000_0208, st, 64));
+        // one stride: a head of 4100 positions x 72 elements, rows of 72
+        assert!(!vector_loads_allowed(
+            0x1000,
+            [8 * 4100 * 72, 4100 * 72, 72],
+            64
+        ));
+        assert!(!vector_loads_allowed(0x1000, [st[0], st[1] + 8, st[2]], 64));
+        // d_s = 36 (D = 72, M = 2)
+        assert!(!vector_loads_allowed(0x1000, st, 36));
+        // a zero batch stride (B = 1 views) is a multiple of 16
+        assert!(vector_loads_allowed(0x1000, [0, st[1], st[2]], 16));
     }
 }
