@@ -855,17 +855,7 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
             eprintln!(
                 "{} nonfinite, {new_keys:3} new keys, {path:?} ran {}: graph {}, rerun {} [{report}]",
                 if ok { "ok  " } else { "FAIL" },
-                if a.index_companion {
-                    "index+c"
-                } else if a.index_path {
-                    "index"
-                } else if a.split_path {
-                    "split"
-                } else if a.hist_path {
-                    "hist"
-                } else {
-                    "chunked"
-                },
+                ran_kind(&a),
                 if a.graph_matches { "identical" } else { "DIFFERS" },
                 if same { "identical" } else { "DIFFERS" },
             );
@@ -880,4 +870,92 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
         failures.len()
     );
     assert!(failures.is_empty(), "failed: {failures:?}");
+}
+
+/// Heavy sizes above 512 (upstream runs 10% of S: 3020 at S = 32768) on every
+/// histogram-family path: no chunked kernel exists for them, the histogram family takes
+/// any heavy size. Each run passes the spec's rule (exactly, on well-separated inputs),
+/// and its graph replay is bit-identical to plain launches.
+#[test]
+fn gpu_heavy_above_512_on_the_histogram_family() {
+    let Some(rt) = runtime() else { return };
+    let seed = seed();
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    let shape = sh(1, 8, 2, 12000, 128);
+    for (i, heavy) in [513usize, 1024, 3020, 8000].into_iter().enumerate() {
+        let cfg = PqConfig {
+            heavy_size: heavy,
+            input_dtype: DType::BF16,
+            weight_dtype: DType::BF16,
+            ..base()
+        };
+        for exact in [false, true] {
+            let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
+            let s = seed.wrapping_add(i as u64 * 31 + u64::from(exact));
+            let x = if exact {
+                PqInputs::small_integer(&cfg, shape, n_cached, s)
+            } else {
+                PqInputs::random(&cfg, shape, n_cached, s)
+            }
+            .expect("inputs");
+            for path in [
+                SelectPath::Auto,
+                SelectPath::Hist,
+                SelectPath::Split,
+                SelectPath::IndexWfill,
+                SelectPath::IndexCompanion,
+            ] {
+                let ex = match execute_with_path(&rt, &cfg, &x, None, path, None, None, 0, false) {
+                    Ok(ex) => ex,
+                    Err(e) => {
+                        eprintln!("FAIL heavy {heavy} ({path:?}): {e}");
+                        failures.push((heavy, path));
+                        continue;
+                    }
+                };
+                runs += 1;
+                let report = if exact {
+                    check_exact(&cfg, &x, &ex.output)
+                } else {
+                    check(&cfg, &x, &ex.output)
+                };
+                let ok = report.passed() && ex.graph_matches && ex.hist_path;
+                eprintln!(
+                    "{} heavy {heavy:5} {:<6} {path:?} ran {}: graph {} [{report}]",
+                    if ok { "ok  " } else { "FAIL" },
+                    if exact { "exact" } else { "random" },
+                    ran_kind(&ex),
+                    if ex.graph_matches {
+                        "identical"
+                    } else {
+                        "DIFFERS"
+                    },
+                );
+                if !ok {
+                    failures.push((heavy, path));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} passed, {} failed (heavy above 512)",
+        runs - failures.len().min(runs),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "failed: {failures:?}");
+}
+
+fn ran_kind(ex: &tritonrt::pq::gpu::Execution) -> &'static str {
+    if ex.index_companion {
+        "index+c"
+    } else if ex.index_path {
+        "index"
+    } else if ex.split_path {
+        "split"
+    } else if ex.hist_path {
+        "hist"
+    } else {
+        "chunked"
+    }
 }

@@ -33,20 +33,30 @@ fn shape(b: usize, h: usize) -> Shape {
     }
 }
 
+/// `pq_index`'s TP (keys a row gathers; `kernels_triton/pq_index.py`).
+const TP: usize = 256;
+
 /// Every histogram kernel built (sm_90: `pq_wfill` too) on `sms` SMs.
 fn sm90(sms: u32) -> PlanFacts {
     PlanFacts {
         sm_count: sms,
         hist: Some(HistFacts { emit_tile: TILE }),
-        index: Some(IndexFacts { wfill: true }),
+        index: Some(IndexFacts {
+            wfill: true,
+            tp: TP,
+        }),
         bulk_min: BULK_QUANTIZE_MIN,
+        chunked: true,
     }
 }
 
 /// `pq_index` built without `pq_wfill` (sm_80).
 fn sm80(sms: u32) -> PlanFacts {
     PlanFacts {
-        index: Some(IndexFacts { wfill: false }),
+        index: Some(IndexFacts {
+            wfill: false,
+            tp: TP,
+        }),
         ..sm90(sms)
     }
 }
@@ -548,5 +558,142 @@ fn launch_counts_and_flags_of_every_kind() {
             )
         );
         assert_eq!(i.companion, k == StepKind::IndexCompanion);
+    }
+}
+
+/// Heavy sizes above the chunked kernel's largest top-k width (512): the histogram family
+/// serves them (any heavy size); a step that needs the chunked path is refused, naming
+/// heavy_size, the value and why the chunked path was needed.
+#[test]
+fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
+    let big = |heavy_size, pq_bits| PqConfig {
+        heavy_size,
+        pq_bits,
+        input_dtype: tritonrt::pq::DType::BF16,
+        weight_dtype: tritonrt::pq::DType::BF16,
+        ..PqConfig::reference_workload()
+    };
+    let sh = Shape {
+        b: 1,
+        h: 32,
+        h_kv: 8,
+        s: 0,
+        d: 128,
+    };
+    let facts = PlanFacts {
+        chunked: false,
+        ..sm90(H100_SMS)
+    };
+    let s = 32768;
+    for heavy in [513, 1024, 3020, 8000] {
+        let cfg = big(heavy, 6);
+        let n = cfg.n_quantized(s);
+        for new in [1usize, 4096] {
+            // more picks than pq_index gathers (TP): Auto takes split
+            let p = plan(&cfg, sh, s, n - new, SelectPath::Auto, &facts);
+            assert!(
+                matches!(p.kind, StepKind::Split { .. }),
+                "heavy {heavy}, {new} new: {:?}",
+                p.kind
+            );
+            assert_eq!(p.total, 128 + heavy + 128);
+            // asked for by name, the indexed path still runs (its rows fall back in-kernel)
+            let p = plan(&cfg, sh, s, n - new, SelectPath::IndexWfill, &facts);
+            assert_eq!(p.kind, StepKind::IndexWfill);
+        }
+        // 64 rows or more (B = 2): split too
+        let sh2 = Shape { b: 2, ..sh };
+        let p = plan(&cfg, sh2, s, n - 1, SelectPath::Auto, &facts);
+        assert!(
+            matches!(p.kind, StepKind::Split { .. }),
+            "heavy {heavy}, 64 rows: {:?}",
+            p.kind
+        );
+        // where split does not apply (init_offset < sink): pq_hist
+        let io = PqConfig {
+            init_offset: 64,
+            ..cfg
+        };
+        let p = plan(&io, sh, s, io.n_quantized(s) - 1, SelectPath::Auto, &facts);
+        assert_eq!(p.kind, StepKind::Hist, "heavy {heavy}, init_offset < sink");
+        for path in [SelectPath::Hist, SelectPath::Split] {
+            let k = plan(&cfg, sh, s, n - 1, path, &facts).kind;
+            assert!(k.is_hist() && k != StepKind::Chunked, "{path:?}: {k:?}");
+        }
+        // the chunked path asked for, or needed (K^M = 65536 > 4096): refused
+        let e = plan_step(&cfg, &sh, s, n - 1, SelectPath::Chunked, &facts)
+            .expect_err("chunked without its kernel")
+            .to_string();
+        assert!(
+            e.contains("heavy_size") && e.contains(&heavy.to_string()) && e.contains("chunked"),
+            "{e}"
+        );
+        let cfg8 = big(heavy, 8);
+        let e = plan_step(
+            &cfg8,
+            &sh,
+            s,
+            cfg8.n_quantized(s) - 1,
+            SelectPath::Auto,
+            &no_hist_chunkless(),
+        )
+        .expect_err("K^M > 4096 without the chunked kernel")
+        .to_string();
+        assert!(e.contains("heavy_size") && e.contains("65536"), "{e}");
+    }
+}
+
+/// Up to TP / 2 heavy picks the indexed path stays Auto's choice; above, split.
+#[test]
+fn heavy_up_to_tp_stays_indexed() {
+    let sh = Shape {
+        b: 1,
+        h: 32,
+        h_kv: 8,
+        s: 0,
+        d: 128,
+    };
+    for heavy in [100, TP / 2] {
+        let cfg = PqConfig {
+            heavy_size: heavy,
+            ..PqConfig::reference_workload()
+        };
+        let s = 32768;
+        let k = plan(
+            &cfg,
+            sh,
+            s,
+            cfg.n_quantized(s) - 1,
+            SelectPath::Auto,
+            &sm90(H100_SMS),
+        )
+        .kind;
+        assert!(k.is_index(), "heavy {heavy}: {k:?}");
+    }
+    let cfg = PqConfig {
+        heavy_size: TP / 2 + 1,
+        ..PqConfig::reference_workload()
+    };
+    let k = plan(
+        &cfg,
+        sh,
+        32768,
+        cfg.n_quantized(32768) - 1,
+        SelectPath::Auto,
+        &sm90(H100_SMS),
+    )
+    .kind;
+    assert!(
+        matches!(k, StepKind::Split { .. }),
+        "heavy TP / 2 + 1: {k:?}"
+    );
+}
+
+/// No histogram kernel and no chunked kernel (`K^M > 4096`, heavy above 512).
+fn no_hist_chunkless() -> PlanFacts {
+    PlanFacts {
+        hist: None,
+        chunked: false,
+        ..sm90(H100_SMS)
     }
 }

@@ -258,9 +258,13 @@ impl GpuIndexer {
         Ok(())
     }
 
-    /// Variant id of the select kernel in use.
+    /// Variant id of the chunked select kernel in use ("none" where `heavy_size` exceeds
+    /// its compiled top-k widths: the histogram family then serves every step).
     pub fn select_variant(&self) -> &str {
-        self.kernels.select.id()
+        self.kernels
+            .select
+            .as_ref()
+            .map_or("none", |sk| sk.kernel.id())
     }
 
     /// Every kernel variant this indexer launches (for reports).

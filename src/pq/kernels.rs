@@ -121,9 +121,22 @@ impl QuantKernel {
     }
 }
 
+/// The chunked select kernel and the sizes its launches use.
+pub(crate) struct SelectKernel {
+    pub kernel: Arc<Kernel>,
+    /// Keys per select CTA (the variant's `CHUNK`).
+    pub chunk: usize,
+    /// The variant's `K_PAD`.
+    pub k_pad: usize,
+    /// The variant's staging width in keys (`2 * K_PAD`).
+    pub stage: usize,
+}
+
 /// The kernels of one indexer configuration.
 pub(crate) struct Kernels {
-    pub select: Arc<Kernel>,
+    /// `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, where `heavy_size` fits a compiled top-k width
+    /// (at most 512); the histogram family takes any heavy size.
+    pub select: Option<SelectKernel>,
     /// `pq_hist.m<MP>.q_<qt>.w_<wt>`, where the config allows it (`K^M <= 4096`, M <= 4).
     pub hist: Option<Arc<Kernel>>,
     /// `pq_thresh` and `pq_emit` (the split histogram path); where `hist` is.
@@ -140,12 +153,6 @@ pub(crate) struct Kernels {
     pub quant_a16: Option<QuantKernel>,
     pub import: Arc<Kernel>,
     pub export: Arc<Kernel>,
-    /// Keys per select CTA (the select variant's `CHUNK`).
-    pub chunk: usize,
-    /// The select variant's `K_PAD`.
-    pub k_pad: usize,
-    /// The select variant's staging width in keys (`2 * K_PAD`).
-    pub stage: usize,
 }
 
 impl Kernels {
@@ -154,12 +161,26 @@ impl Kernels {
     /// defaults; the histogram and indexed paths' kernels where the config allows them
     /// (the indexed path only where its variants are built).
     ///
-    /// Errors: a missing kernel variant or constexpr, heavy_size above the compiled
-    /// top-k widths, driver errors.
+    /// Errors: a missing kernel variant or constexpr, a select variant asked for while
+    /// heavy_size is above the compiled top-k widths, driver errors.
     pub fn load(rt: &Runtime, cfg: &PqConfig, select_variant: Option<&str>) -> Result<Self> {
         let (m, k) = (cfg.m(), cfg.k_centroids());
-        let name = select_kernel_name(cfg)?;
-        let select = rt.kernel_for(&name, select_variant)?;
+        // heavy sizes above the largest top-k width: no chunked kernel (the plan refuses
+        // the steps that would need it), unless a variant of it was asked for by name
+        let select = match (select_kernel_name(cfg), select_variant) {
+            (Ok(name), _) => {
+                let kernel = rt.kernel_for(&name, select_variant)?;
+                let k_pad = constexpr_usize(&kernel, "K_PAD")?;
+                Some(SelectKernel {
+                    chunk: constexpr_usize(&kernel, "CHUNK")?,
+                    k_pad,
+                    stage: 2 * k_pad,
+                    kernel,
+                })
+            }
+            (Err(e), Some(_)) => return Err(e),
+            (Err(_), None) => None,
+        };
         let qt = dt(cfg.input_dtype);
         let wt = dt(cfg.weight_dtype);
         let combos = k.checked_pow(m as u32).unwrap_or(usize::MAX);
@@ -212,9 +233,6 @@ impl Kernels {
             hist,
             split,
             index,
-            chunk: constexpr_usize(&select, "CHUNK")?,
-            k_pad: constexpr_usize(&select, "K_PAD")?,
-            stage: 2 * constexpr_usize(&select, "K_PAD")?,
             select,
             short: rt.default_kernel(&format!("pq_short.w_{wt}"))?,
             quant,
@@ -235,8 +253,10 @@ impl Kernels {
             hist,
             index: self.index.as_ref().map(|ik| IndexFacts {
                 wfill: ik.wfill.is_some(),
+                tp: ik.tp,
             }),
             bulk_min: BULK_QUANTIZE_MIN,
+            chunked: self.select.is_some(),
         }
     }
 
@@ -272,11 +292,8 @@ impl Kernels {
 
     /// Every kernel variant the indexer launches (for reports).
     pub fn all(&self) -> Vec<Arc<Kernel>> {
-        let mut v = vec![
-            self.select.clone(),
-            self.short.clone(),
-            self.quant.kernel.clone(),
-        ];
+        let mut v = vec![self.short.clone(), self.quant.kernel.clone()];
+        v.extend(self.select.as_ref().map(|s| s.kernel.clone()));
         v.extend(self.quant_a16.as_ref().map(|q| q.kernel.clone()));
         v.extend(self.hist.clone());
         if let Some(sp) = &self.split {

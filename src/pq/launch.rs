@@ -402,8 +402,15 @@ impl StepLaunches<'_> {
         n: usize,
     ) -> Result<Vec<Launch>> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
-        let k = &ks.select;
-        let n_chunks = n.div_ceil(ks.chunk);
+        // the plan takes the chunked path only where the kernel is built (PlanFacts::chunked)
+        let sk = ks.select.as_ref().ok_or_else(|| {
+            Error::invalid(
+                "heavy_size",
+                "the chunked select kernel is not built for this heavy size",
+            )
+        })?;
+        let k = &sk.kernel;
+        let n_chunks = n.div_ceil(sk.chunk);
         let mut named = self.select_args(query, key, s, n_old)?;
         named.extend([
             ("lut_ptr", KernelArg::Buf(state.lut.buf())),

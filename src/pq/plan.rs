@@ -118,6 +118,9 @@ pub struct IndexFacts {
     /// Whether `pq_wfill` is built beside it (the `pq_index` variant has `PDL=1`: sm_90);
     /// without it (sm_80) each row CTA writes its own weights unless its companion does.
     pub wfill: bool,
+    /// `pq_index`'s `TP`: the most keys a row gathers from its buckets. A row with more
+    /// heavy picks than this falls back to a pass over its codes in the same CTA.
+    pub tp: usize,
 }
 
 /// What [`plan_step`] needs to know of the GPU and of the kernels built for the config
@@ -133,6 +136,10 @@ pub struct PlanFacts {
     /// More new keys than this are quantized by `pq_quant` before the select kernel
     /// ([`BULK_QUANTIZE_MIN`] unless set otherwise, e.g. to measure the threshold).
     pub bulk_min: usize,
+    /// Whether the chunked select kernel (`pq_select`) is built for the config's
+    /// `heavy_size` (at most its largest top-k width, 512). The histogram family takes any
+    /// heavy size; a step that needs the chunked path without it is refused.
+    pub chunked: bool,
 }
 
 /// What one decode step launches, in order.
@@ -270,6 +277,27 @@ pub fn plan_step(
         Some(k) => (k, many || cfg.window_start(s) > n_old),
         None => (StepKind::Chunked, many),
     };
+    if kind == StepKind::Chunked && !facts.chunked {
+        let why = if path == SelectPath::Chunked {
+            "--select-path chunked was asked for".to_string()
+        } else {
+            format!(
+                "the histogram kernels take K^M <= 4096 and M <= 4 (K^M = {}, M = {})",
+                cfg.k_centroids()
+                    .checked_pow(cfg.m() as u32)
+                    .map_or("> 2^64".into(), |c| c.to_string()),
+                cfg.m()
+            )
+        };
+        return Err(Error::invalid(
+            "heavy_size",
+            format!(
+                "{} exceeds 512, the largest top-k width of the chunked select kernel, \
+                 which this step needs: {why}",
+                cfg.heavy_size
+            ),
+        ));
+    }
     Ok(StepPlan {
         kind,
         bulk_quantize,
@@ -297,9 +325,20 @@ fn hist_kind(
     let split_applies = cfg.init_offset >= cfg.sink_eff(s)
         && s - cfg.window_eff(s) >= cfg.init_offset
         && w0 >= cfg.heavy_k(s);
+    // more heavy picks than half of what pq_index gathers (its TP): its cuts rarely
+    // isolate them, and every such row falls back to a pass over its codes in one CTA;
+    // Auto takes split (or pq_hist) instead. Measured (NOTES.md, "heavy sizes above 512";
+    // B=1 H=32 H_kv=8 S=32768 bf16, graph wall): H100 heavy 128 index 23.1 us, split
+    // 26.2; heavy 512 index 51.2, split 26.8; heavy 3020 index 58.1, split 30.9, pq_hist
+    // 44.4; H200 heavy 256 index 49.3, heavy 257 split 25.9; B=4 S=131072 heavy 12851:
+    // split 89.9, pq_hist 104.6, index 145.0
+    let many_picks = facts.index.is_some_and(|ix| cfg.heavy_k(s) > ix.tp / 2);
     if let Some(ix) = facts.index {
         // pq_wfill indexes the flat weight_list in i32
-        if path.wants_index() && i32::try_from(rows * s).is_ok() {
+        if path.wants_index()
+            && i32::try_from(rows * s).is_ok()
+            && !(path == SelectPath::Auto && many_picks)
+        {
             let companion = match path {
                 SelectPath::IndexCompanion => true,
                 SelectPath::IndexWfill => false,
@@ -327,6 +366,10 @@ fn hist_kind(
         // through "a leaner split emit"): split wins with fewer rows than SMs (reference:
         // 25.3 vs 32.9 us wall for pq_select, 34.7 for pq_hist), pq_hist with 128 rows of
         // 131k keys (large: 82.6 vs 85.0 us split)
+        // many heavy picks, or no chunked kernel for this heavy size: the histogram
+        // family whatever the shape, split wherever it applies (faster than pq_hist with
+        // many picks at 32 and at 128 rows, see above)
+        SelectPath::Auto if many_picks || !facts.chunked => (true, split_applies),
         SelectPath::Auto => {
             let split = split_applies && rows < AUTO_HIST_MIN_ROWS && n >= AUTO_SPLIT_MIN_KEYS;
             (

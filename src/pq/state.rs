@@ -386,10 +386,16 @@ impl DeviceState {
         }
         if !self.cfg.is_short(s) {
             let n = self.cfg.n_quantized(s);
-            let ctas = rows * n.div_ceil(kernels.chunk);
-            self.lut.ensure(&st, ctas * m * k)?;
-            self.stage.ensure(&st, ctas * kernels.stage)?;
-            self.cand.ensure(&st, ctas * kernels.k_pad)?;
+            // one lookup table per row (histogram family) or per select CTA (chunked)
+            let ctas = kernels
+                .select
+                .as_ref()
+                .map_or(rows, |sk| rows * n.div_ceil(sk.chunk));
+            self.lut.ensure(&st, ctas.max(rows) * m * k)?;
+            if let Some(sk) = &kernels.select {
+                self.stage.ensure(&st, ctas * sk.stage)?;
+                self.cand.ensure(&st, ctas * sk.k_pad)?;
+            }
             self.grow_codes(kernels, order, n)?;
             if let Some(sp) = &kernels.split {
                 self.split_flag.ensure(&st, rows * n.div_ceil(sp.tile))?;
