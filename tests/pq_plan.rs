@@ -438,7 +438,7 @@ fn companion_fill_by_sm_count_and_row_bytes() {
         assert_eq!(k(32, 63), StepKind::IndexWfill);
         assert_eq!(k(1, 2), StepKind::IndexCompanion);
         assert_eq!(k(1, 1), StepKind::IndexWfill);
-        // a row's weights at most COMPANION_FILL_MAX_BYTES (4 bytes each in fp32, 2 in bf16)
+        // fp32 weights, a row's at most COMPANION_FILL_MAX_BYTES
         let f = sm90(H100_SMS);
         let at = |c: &PqConfig, s: usize| kind(c, shape(1, 32), s, 1, path, &f);
         let fp32_max = COMPANION_FILL_MAX_BYTES / 4;
@@ -449,9 +449,16 @@ fn companion_fill_by_sm_count_and_row_bytes() {
             weight_dtype: DType::BF16,
             ..rcfg()
         };
-        assert_eq!(at(&bf16, fp32_max + 1), StepKind::IndexCompanion);
-        assert_eq!(at(&bf16, 2 * fp32_max), StepKind::IndexCompanion);
+        // 16-bit weights: pq_wfill at any row length (the companion fill measured slower)
+        assert_eq!(at(&bf16, 4096), StepKind::IndexWfill);
+        assert_eq!(at(&bf16, fp32_max), StepKind::IndexWfill);
         assert_eq!(at(&bf16, 2 * fp32_max + 1), StepKind::IndexWfill);
+        let fp16_w = PqConfig {
+            input_dtype: DType::F16,
+            weight_dtype: DType::F16,
+            ..rcfg()
+        };
+        assert_eq!(at(&fp16_w, 4096), StepKind::IndexWfill);
         // sm_80 (no pq_wfill): companions whatever the row's bytes, while they fit the
         // SMs; else each row CTA writes its own row
         let k80 = |h: usize, s: usize| kind(&cfg, shape(1, h), s, 1, path, &sm80(108));

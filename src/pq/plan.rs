@@ -69,8 +69,13 @@ pub enum SelectPath {
     /// [`SelectPath::Hist`], `M <= 2`, query dtype = weight dtype, `B*H*S < 2^31`); else
     /// as [`SelectPath::Split`]. Its weights come from each row's companion CTA
     /// ([`SelectPath::IndexCompanion`]) when every CTA of the launch has an SM of its own
-    /// (`2 B*H <=` SMs) and a row's weights are at most [`COMPANION_FILL_MAX_BYTES`] (or
-    /// no `pq_wfill` is built: sm_80), else as [`SelectPath::IndexWfill`].
+    /// (`2 B*H <=` SMs), `weight_list` is fp32 and a row's weights are at most
+    /// [`COMPANION_FILL_MAX_BYTES`] (or no `pq_wfill` is built: sm_80), else as
+    /// [`SelectPath::IndexWfill`]. With 16-bit weights the companion fill was the slower
+    /// form at every shape measured (H100, graph wall, one new key; NOTES.md, "companion
+    /// fill and 16-bit weights"): bf16 B=1 H=32 H_kv=8 S=32768 27.9 us against 21.8 with
+    /// `pq_wfill`, S=65536 38.7 against 23.5; fp32 within 0.6 us either way, the
+    /// reference workload 19.5 against 21.5.
     Index,
     /// [`SelectPath::Index`] with `weight_list` written by each row's companion CTA in
     /// the same launch (grid `(B*H, 2)`: CTA `(r, 0)` writes row `r`'s zeros and sink /
@@ -345,7 +350,9 @@ fn hist_kind(
                 _ => {
                     let row_bytes = s * cfg.weight_dtype.size_bytes();
                     2 * rows <= facts.sm_count as usize
-                        && (!ix.wfill || row_bytes <= COMPANION_FILL_MAX_BYTES)
+                        && (!ix.wfill
+                            || (row_bytes <= COMPANION_FILL_MAX_BYTES
+                                && cfg.weight_dtype.size_bytes() == 4))
                 }
             };
             return Some(match (companion, ix.wfill) {
