@@ -42,7 +42,7 @@ back)
   done
   echo "restored $n files"
   missing=$(git status --porcelain ptx_cache | grep -c '^ D' || true)
-  [ "$missing" = 0 ] || echo "warning: $missing ptx_cache files still missing from the working tree" >&2
+  [ "$missing" = 0 ] || echo "note: $missing tracked ptx_cache files are not in the working tree (stale after a rebuild, or still moved out: see git status ptx_cache)" >&2
   ;;
 *)
   echo "usage: $0 out|back" >&2

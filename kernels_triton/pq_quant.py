@@ -40,78 +40,21 @@ Keys the expanded form cannot answer exactly: a subvector with ``||x||^2`` not b
 ``SAFE`` (NaN, inf, or so large that products could overflow), or any centroid of the
 block with ``||c||^2`` not below ``SAFE``, or metric ip with ``phi`` not below ``SAFE``.
 Those keys (none on finite data of sane size) are redone one by one with the direct
-differences under the spec's non-finite rule (``_nearest_nf``): each distance ``d``
-becomes ``+inf`` where NaN and ``FLT_MAX`` where ``+inf``, then the argmin starting from
-``(+inf, 0)``, lowest ``c`` on ties: the lowest ``c`` whose distance is not NaN, code 0
-where all are.
+differences under the spec's non-finite rule by ``_nearest`` (pq_select.py, the
+quantizer of every other kernel): each distance ``d`` becomes ``+inf`` where NaN and
+``FLT_MAX`` where ``+inf``, then the argmin starting from ``(+inf, 0)``, lowest ``c`` on
+ties: the lowest ``c`` whose distance is not NaN, code 0 where all are.
 """
-
-import os
 
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from kspec import Kernel, Variant, i32, i64, ptr, single
-
-#: under Triton's CPU interpreter (``TRITON_INTERPRET=1``), which has no libdevice
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+from pq_select import _mul_rn, _nearest
 
 #: squared norms below this take the tensor-core form: every term of it and of the direct
 #: distance stays below ~4e18, far from f32 overflow (3.4e38)
 SAFE = tl.constexpr(1e18)
-FLT_MAX = tl.constexpr(3.4028234663852886e38)
-
-
-@triton.jit
-def _mul_rn(a, b):
-    """``a * b`` rounded (``mul.rn.f32``), never contracted into a fused multiply-add."""
-    if INTERPRETED:
-        return a * b
-    else:
-        return libdevice.mul_rn(a, b)
-
-
-@triton.jit
-def _nearest_nf(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C: tl.constexpr,
-                BLOCK_D: tl.constexpr):
-    """The code of one key subvector (``d_s`` values at ``k_ptr + kbase``; centroids
-    ``[K, d_c]`` f32 at ``cent_ptr + cbase``) from the direct f32 differences, under the
-    spec's non-finite rule: NaN distances -> +inf, +inf -> FLT_MAX, argmin from
-    ``(+inf, 0)``, lowest c on ties. metric_ip != 0: x gets the extra coordinate
-    sqrt(max(0, phi - ||x||^2)), compared with each centroid's coordinate d_s."""
-    xx = tl.zeros([BLOCK_D], tl.float32)
-    for d0 in range(0, d_s, BLOCK_D):
-        offs_d = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(k_ptr + kbase + offs_d, mask=offs_d < d_s, other=0.0).to(tl.float32)
-        xx += _mul_rn(x, x)
-    aug = tl.sqrt(tl.maximum(phi - tl.sum(xx, axis=0), 0.0))
-    best_d = float("inf")
-    best_c = 0
-    for cb in range(0, K, BLOCK_C):
-        offs_c = cb + tl.arange(0, BLOCK_C)
-        cmask = offs_c < K
-        dist = tl.zeros([BLOCK_C], tl.float32)
-        for d0 in range(0, d_s, BLOCK_D):
-            offs_d = d0 + tl.arange(0, BLOCK_D)
-            dmask = offs_d < d_s
-            x = tl.load(k_ptr + kbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
-            c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :],
-                        mask=cmask[:, None] & dmask[None, :], other=0.0)
-            diff = x[None, :] - c
-            dist += tl.sum(_mul_rn(diff, diff), axis=1)
-        if metric_ip != 0:
-            dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
-            dist += _mul_rn(dd, dd)
-        dist = tl.where(dist != dist, float("inf"), dist)  # NaN -> +inf
-        dist = tl.where(dist == float("inf"), FLT_MAX, dist)  # +inf -> FLT_MAX
-        dist = tl.where(cmask, dist, float("inf"))
-        dmin = tl.min(dist, axis=0)
-        cmin = tl.argmin(dist, axis=0, tie_break_left=True).to(tl.int32) + cb
-        take = dmin < best_d  # strict: on a tie the earlier block (lower c) stays
-        best_c = tl.where(take, cmin, best_c)
-        best_d = tl.where(take, dmin, best_d)
-    return best_c
 
 
 @triton.jit
@@ -202,7 +145,7 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
                 if metric_ip != 0:
                     bad_i = bad_i | ~(phi < SAFE)
                 if bad_i:
-                    ci = _nearest_nf(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
+                    ci = _nearest(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
                     tl.store(code_row + ti, ci.to(tl.uint8))
 
 
