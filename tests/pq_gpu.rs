@@ -282,17 +282,7 @@ fn gpu_pipeline_matches_cpu_reference() {
                 if ok { "ok  " } else { "FAIL" },
                 i,
                 case.name,
-                if ex.index_companion {
-                    "index+c"
-                } else if ex.index_path {
-                    "index"
-                } else if ex.split_path {
-                    "split"
-                } else if ex.hist_path {
-                    "hist"
-                } else {
-                    "chunked"
-                },
+                ran_kind(&ex),
                 case.shape.b,
                 case.shape.h,
                 case.shape.h_kv,

@@ -270,6 +270,27 @@ fn ints(st: &SafeTensors<'_>, path: &Path, name: &str, expected: &str) -> Result
     })
 }
 
+/// An I64 tensor whose shape passes `shape_ok`; otherwise the error names the tensor, what
+/// was expected and the shape found.
+fn ints_shaped(
+    st: &SafeTensors<'_>,
+    path: &Path,
+    name: &str,
+    expected: &str,
+    shape_ok: impl Fn(&[usize]) -> bool,
+) -> Result<Tensor<i64>> {
+    let t = ints(st, path, name, expected)?;
+    if !shape_ok(&t.shape) {
+        return Err(tensor_err(
+            path,
+            name,
+            expected.into(),
+            format!("shape {:?}", t.shape),
+        ));
+    }
+    Ok(t)
+}
+
 /// One config value: override, else `__metadata__`, else `fallback`, else an error.
 fn meta_value<T: std::str::FromStr>(
     path: &Path,
@@ -472,20 +493,9 @@ pub fn read_inputs(path: &Path, over: &PqConfigOverrides) -> Result<(PqConfig, P
     let cb_exp = format!(
         "dtype I64 with shape [B={b}, N, H_kv={h_kv}, M={mm}], N <= S - init_offset = {n_max}"
     );
-    let cb = ints(&st, path, CODEBOOK, &cb_exp)?;
-    if cb.shape.len() != 4
-        || cb.shape[0] != b
-        || cb.shape[2] != h_kv
-        || cb.shape[3] != mm
-        || cb.shape[1] > n_max
-    {
-        return Err(tensor_err(
-            path,
-            CODEBOOK,
-            cb_exp,
-            format!("shape {:?}", cb.shape),
-        ));
-    }
+    let cb = ints_shaped(&st, path, CODEBOOK, &cb_exp, |s| {
+        s.len() == 4 && s[0] == b && s[2] == h_kv && s[3] == mm && s[1] <= n_max
+    })?;
     let n_cached = cb.shape[1];
     if let Some((i, &c)) = cb
         .values
@@ -685,18 +695,11 @@ pub fn read_ragged(path: &Path) -> Result<Option<RaggedLens>> {
     if !has(SEQ_LENS) {
         return Ok(None);
     }
-    let one_dim = |name: &str| -> Result<Vec<i64>> {
-        let exp = "dtype I64 with shape [B]";
-        let t = ints(&st, path, name, exp)?;
-        if t.shape.len() != 1 {
-            return Err(tensor_err(
-                path,
-                name,
-                exp.into(),
-                format!("shape {:?}", t.shape),
-            ));
-        }
-        Ok(t.values)
+    let one_dim = |name: &str| {
+        ints_shaped(&st, path, name, "dtype I64 with shape [B]", |s| {
+            s.len() == 1
+        })
+        .map(|t| t.values)
     };
     let seq_lens = one_dim(SEQ_LENS)?;
     let n_cached = if has(N_CACHED) {
@@ -838,27 +841,16 @@ fn write_output_parts(
 pub fn read_outputs(path: &Path) -> Result<PqOutput> {
     let file = Loaded::read(path)?;
     let st = file.tensors()?;
-    let sl_exp = "dtype I64 with shape [B, H, total]";
-    let sl = ints(&st, path, SPARSE_LIST, sl_exp)?;
-    if sl.shape.len() != 3 {
-        return Err(tensor_err(
-            path,
-            SPARSE_LIST,
-            sl_exp.into(),
-            format!("shape {:?}", sl.shape),
-        ));
-    }
+    let sl = ints_shaped(
+        &st,
+        path,
+        SPARSE_LIST,
+        "dtype I64 with shape [B, H, total]",
+        |s| s.len() == 3,
+    )?;
     let (b, h, total) = (sl.shape[0], sl.shape[1], sl.shape[2]);
     let len_exp = format!("dtype I64 with shape [B={b}, H={h}]");
-    let len = ints(&st, path, SPARSE_LEN, &len_exp)?;
-    if len.shape != [b, h] {
-        return Err(tensor_err(
-            path,
-            SPARSE_LEN,
-            len_exp,
-            format!("shape {:?}", len.shape),
-        ));
-    }
+    let len = ints_shaped(&st, path, SPARSE_LEN, &len_exp, |s| s == [b, h])?;
     let w_exp = format!("dtype F32, BF16 or F16 with shape [B={b}, H={h}, S]");
     let w = floats(
         &st,
@@ -878,15 +870,7 @@ pub fn read_outputs(path: &Path) -> Result<PqOutput> {
         ));
     }
     let cb_exp = format!("dtype I64 with shape [B={b}, N, H_kv, M]");
-    let cb = ints(&st, path, CODEBOOK, &cb_exp)?;
-    if cb.shape.len() != 4 || cb.shape[0] != b {
-        return Err(tensor_err(
-            path,
-            CODEBOOK,
-            cb_exp,
-            format!("shape {:?}", cb.shape),
-        ));
-    }
+    let cb = ints_shaped(&st, path, CODEBOOK, &cb_exp, |s| s.len() == 4 && s[0] == b)?;
     Ok(PqOutput {
         b,
         h,
