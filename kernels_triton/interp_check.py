@@ -342,7 +342,7 @@ def check(st, S, n_old, cfg, out, what):
             assert np.all(j < w0), f"{what}: row {r}: a heavy pick is not a candidate"
             chosen = np.zeros(w0, bool)
             chosen[j] = True
-            if not (~chosen).any():
+            if not chosen.any() or not (~chosen).any():  # heavy 0, or every candidate taken
                 continue
             cmin = min(sc[chosen].tolist(), key=_rank)
             umax = max(sc[~chosen].tolist(), key=_rank)

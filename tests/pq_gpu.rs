@@ -652,6 +652,7 @@ fn ran(i: &StepInfo) -> &'static str {
         (true, ..) => "short",
         (_, true, true, ..) => "pq_index, companion fill",
         (_, true, false, ..) => "pq_wfill + pq_index",
+        _ if i.range => "pq_rlut + pq_rround + pq_emit",
         (_, _, _, true, _) => "pq_thresh + pq_emit",
         (_, _, _, _, true) => "pq_hist",
         _ => "pq_select",
@@ -941,6 +942,8 @@ fn ran_kind(ex: &tritonrt::pq::gpu::Execution) -> &'static str {
         "index+c"
     } else if ex.index_path {
         "index"
+    } else if ex.range_path {
+        "radix"
     } else if ex.split_path {
         "split"
     } else if ex.hist_path {
@@ -948,4 +951,113 @@ fn ran_kind(ex: &tritonrt::pq::gpu::Execution) -> &'static str {
     } else {
         "chunked"
     }
+}
+
+/// Configs with more code combinations than the combination histogram takes (PQCache's
+/// (M, bits) = (2, 8) and (4, 8); (3, 5) with D = 96) run the radix-select split path at
+/// every heavy size from 0 to 10% of S and beyond 512 (where no chunked kernel exists),
+/// fp32 and bf16, GQA, B = 2, metric ip: each run passes the spec's rule (exactly on
+/// well-separated inputs), and its graph replay is bit-identical to plain launches.
+#[test]
+fn gpu_many_combinations_take_the_radix_select() {
+    let Some(rt) = runtime() else { return };
+    let seed = seed();
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    let cases: [(usize, u32, DType, Metric, Shape); 5] = [
+        (
+            2,
+            8,
+            DType::BF16,
+            Metric::Euclidean,
+            sh(1, 8, 2, 12000, 128),
+        ),
+        (
+            4,
+            8,
+            DType::BF16,
+            Metric::Euclidean,
+            sh(1, 8, 2, 12000, 128),
+        ),
+        (2, 8, DType::F32, Metric::Ip, sh(2, 4, 4, 9000, 128)),
+        (3, 5, DType::F32, Metric::Euclidean, sh(1, 4, 1, 8000, 96)),
+        (4, 8, DType::F16, Metric::Euclidean, sh(2, 4, 2, 5000, 128)),
+    ];
+    for (ci, (m, bits, dt, metric, shape)) in cases.into_iter().enumerate() {
+        for heavy in [0usize, 1, 127, 128, 129, 513, 1200] {
+            let cfg = PqConfig {
+                heavy_size: heavy,
+                pq_group_factor: m,
+                pq_bits: bits,
+                input_dtype: dt,
+                weight_dtype: dt,
+                metric,
+                ..base()
+            };
+            for exact in [false, true] {
+                let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
+                let s = seed.wrapping_add((ci * 100 + heavy) as u64 * 31 + u64::from(exact));
+                let x = if exact {
+                    PqInputs::small_integer(&cfg, shape, n_cached, s)
+                } else {
+                    PqInputs::random(&cfg, shape, n_cached, s)
+                }
+                .expect("inputs");
+                let what = format!(
+                    "M={m} bits={bits} {} {} B={} H={} H_kv={} S={} heavy {heavy} {}",
+                    dt.as_str(),
+                    metric.as_str(),
+                    shape.b,
+                    shape.h,
+                    shape.h_kv,
+                    shape.s,
+                    if exact { "exact" } else { "random" }
+                );
+                let ex = match execute_with_path(
+                    &rt,
+                    &cfg,
+                    &x,
+                    None,
+                    SelectPath::Auto,
+                    None,
+                    None,
+                    0,
+                    false,
+                ) {
+                    Ok(ex) => ex,
+                    Err(e) => {
+                        eprintln!("FAIL {what}: {e}");
+                        failures.push(what);
+                        continue;
+                    }
+                };
+                runs += 1;
+                let report = if exact {
+                    check_exact(&cfg, &x, &ex.output)
+                } else {
+                    check(&cfg, &x, &ex.output)
+                };
+                let ok = report.passed() && ex.graph_matches && ex.range_path;
+                eprintln!(
+                    "{} {what} ran {}: graph {} [{report}]",
+                    if ok { "ok  " } else { "FAIL" },
+                    ran_kind(&ex),
+                    if ex.graph_matches {
+                        "identical"
+                    } else {
+                        "DIFFERS"
+                    },
+                );
+                if !ok {
+                    failures.push(what);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} passed, {} failed (radix-select split path)",
+        runs - failures.len().min(runs),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "failed: {failures:?}");
 }

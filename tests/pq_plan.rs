@@ -4,7 +4,7 @@
 //! GPU, with the device facts (SM count, which kernels are built) made up per case.
 
 use tritonrt::pq::plan::{
-    plan_step, HistFacts, IndexFacts, PlanFacts, SelectPath, StepKind, StepPlan,
+    plan_step, HistFacts, IndexFacts, PlanFacts, RangeFacts, SelectPath, StepKind, StepPlan,
     AUTO_HIST_MIN_KEYS, AUTO_HIST_MIN_ROWS, AUTO_SPLIT_MIN_KEYS, BULK_QUANTIZE_MIN,
     COMPANION_FILL_MAX_BYTES,
 };
@@ -47,6 +47,7 @@ fn sm90(sms: u32) -> PlanFacts {
         }),
         bulk_min: BULK_QUANTIZE_MIN,
         chunked: true,
+        range: None,
     }
 }
 
@@ -703,4 +704,108 @@ fn no_hist_chunkless() -> PlanFacts {
         chunked: false,
         ..sm90(H100_SMS)
     }
+}
+
+/// `K^M > 4096` with the radix-select kernels built (no combination histogram), the
+/// chunked kernel as `chunked` says.
+fn radix(chunked: bool) -> PlanFacts {
+    PlanFacts {
+        hist: None,
+        index: None,
+        chunked,
+        range: Some(RangeFacts {
+            emit_tile: TILE,
+            level_tile: 4096,
+        }),
+        ..sm90(H100_SMS)
+    }
+}
+
+/// The practical configs the combination histogram cannot take ((M, bits) = (2, 8) and
+/// (4, 8), heavy 3020 at S = 32768) run the radix-select split path, whatever the path
+/// asked for but chunked; its grids follow the candidates and the keys.
+#[test]
+fn many_combinations_take_the_radix_select() {
+    let sh = Shape {
+        b: 1,
+        h: 32,
+        h_kv: 8,
+        s: 0,
+        d: 128,
+    };
+    let s = 32768;
+    for (m, bits) in [(2, 8), (4, 8), (3, 5)] {
+        for heavy in [1, 128, 512, 3020, 30000] {
+            let cfg = PqConfig {
+                heavy_size: heavy,
+                pq_group_factor: m,
+                pq_bits: bits,
+                ..PqConfig::reference_workload()
+            };
+            let n = cfg.n_quantized(s);
+            let w0 = cfg.window_start(s);
+            for path in ALL_PATHS {
+                let chunked = heavy <= 512;
+                let r = plan_step(&cfg, &sh, s, n - 1, path, &radix(chunked));
+                if path == SelectPath::Chunked {
+                    match r {
+                        Ok(p) => assert!(chunked && p.kind == StepKind::Chunked, "{p:?}"),
+                        Err(e) => assert!(!chunked && e.to_string().contains("heavy_size"), "{e}"),
+                    }
+                    continue;
+                }
+                let p =
+                    r.unwrap_or_else(|e| panic!("M={m} bits={bits} heavy {heavy} {path:?}: {e}"));
+                assert_eq!(
+                    p.kind,
+                    StepKind::Range {
+                        parts: n.div_ceil(TILE),
+                        level_parts: w0.div_ceil(4096),
+                    },
+                    "M={m} bits={bits} heavy {heavy} {path:?}"
+                );
+                assert_eq!(p.info().launches, 5, "rlut, 3 rounds, emit");
+                assert!(p.info().range && p.info().hist && !p.info().split);
+                // one new key, not a candidate: quantized in pq_rlut's companion CTAs
+                assert!(!p.bulk_quantize);
+                // 4096 new keys, some of them candidates: pq_quant first
+                assert!(plan(&cfg, sh, s, n - 4096, path, &radix(chunked)).bulk_quantize);
+            }
+        }
+    }
+}
+
+/// Where the split emit does not apply (a heavy pick among the sink positions), a config
+/// with more combinations than the histogram takes falls back to the chunked kernel, and
+/// without it the step is refused naming heavy_size and the reason.
+#[test]
+fn radix_select_outside_the_split_emit_falls_back_or_refuses() {
+    let sh = Shape {
+        b: 1,
+        h: 8,
+        h_kv: 8,
+        s: 0,
+        d: 128,
+    };
+    let cfg = PqConfig {
+        heavy_size: 600,
+        sink_size: 256, // more sink positions than init_offset (128)
+        pq_bits: 8,
+        ..PqConfig::reference_workload()
+    };
+    let s = 8192;
+    let n = cfg.n_quantized(s);
+    let e = plan_step(&cfg, &sh, s, n - 1, SelectPath::Auto, &radix(false))
+        .expect_err("no path for heavy 600 with sink > init_offset")
+        .to_string();
+    assert!(
+        e.contains("heavy_size") && e.contains("between the sink and the window"),
+        "{e}"
+    );
+    let small = PqConfig {
+        heavy_size: 300,
+        ..cfg
+    };
+    let p = plan(&small, sh, s, n - 1, SelectPath::Auto, &radix(true));
+    assert_eq!(p.kind, StepKind::Chunked);
 }

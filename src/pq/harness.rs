@@ -186,6 +186,9 @@ pub struct Execution {
     pub hist_path: bool,
     /// Whether they ran it split (`pq_thresh` + `pq_emit`).
     pub split_path: bool,
+    /// Whether they ran the radix-select split path (`pq_rlut`, `pq_rround` rounds,
+    /// `pq_emit`).
+    pub range_path: bool,
     /// Whether they ran it indexed (`pq_index`, after `pq_wfill` or alone).
     pub index_path: bool,
     /// Whether the indexed step was one launch, the rows' companion CTAs writing the
@@ -205,6 +208,8 @@ impl Execution {
             "pq_index (histogram path, indexed, weights by companion CTAs)"
         } else if self.index_path {
             "pq_wfill + pq_index (histogram path, indexed)"
+        } else if self.range_path {
+            "pq_rlut + pq_rround x3 + pq_emit (radix-select split path)"
         } else if self.split_path {
             "pq_thresh + pq_emit (histogram path, split)"
         } else if self.hist_path {
@@ -359,6 +364,7 @@ pub fn execute_with_path(
         select_variant: ix.select_variant().to_string(),
         hist_path: first.hist,
         split_path: first.split,
+        range_path: first.range,
         index_path: first.index,
         index_companion: first.companion,
         bulk_quantize: first.bulk_quantize,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::driver::Kernel;
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, PqConfig};
-use crate::pq::plan::{HistFacts, IndexFacts, PlanFacts, BULK_QUANTIZE_MIN};
+use crate::pq::plan::{HistFacts, IndexFacts, PlanFacts, RangeFacts, BULK_QUANTIZE_MIN};
 use crate::runtime::Runtime;
 
 /// Top-k widths the select kernel is compiled for (`K_PAD`, a power of two >= heavy);
@@ -95,6 +95,34 @@ pub(crate) struct SplitKernels {
     pub tile: usize,
 }
 
+/// The radix-select split path's kernels (`kernels_triton/pq_range.py`): the threshold
+/// found by rounds of histograms over the keys' scores, for configs with more code
+/// combinations than the combination histogram takes (`K^M > 4096`, `M <= 4`), then the
+/// split path's emit.
+pub(crate) struct RangeKernels {
+    /// `pq_rlut.q_<qt>`: the lookup table and the new keys' codes, one CTA per (row,
+    /// subvector) each.
+    pub rlut: Arc<Kernel>,
+    /// `pq_rlut`'s `BLOCK_C`: table entries per CTA.
+    pub lut_block: usize,
+    /// `pq_rround.m<MP>`: one round of the select, launched [`RANGE_ROUNDS`] times.
+    pub rround: Arc<Kernel>,
+    /// `pq_rround`'s `TILE`: candidates per CTA of a round.
+    pub level_tile: usize,
+    /// `pq_emit.m<MP>.w_<wt>`.
+    pub emit: Arc<Kernel>,
+    /// The emit variant's `TILE` (positions per CTA).
+    pub emit_tile: usize,
+}
+
+/// Rounds of the select a step launches (`LEVELS` in `kernels_triton/pq_range.py`):
+/// three always resolve a row (see that module); a row resolved early leaves the later
+/// rounds' CTAs nothing to do.
+pub const RANGE_ROUNDS: usize = 3;
+
+/// Bins of one select round (`NB` in `kernels_triton/pq_range.py`).
+pub(crate) const RANGE_BINS: usize = 4096;
+
 /// Whether keys at byte address `addr` with element strides `strides` (`[batch, head,
 /// position]`) and subvectors of `d_s` elements meet `pq_quant.a16`'s declarations: the
 /// address a multiple of 16 bytes, the strides and `d_s` multiples of 16 elements.
@@ -144,6 +172,9 @@ pub(crate) struct Kernels {
     /// The indexed histogram path, where built (`M <= 2`, `K^M <= 4096`, query dtype =
     /// weight dtype).
     pub index: Option<IndexKernels>,
+    /// The radix-select split path, where the combination histogram does not apply
+    /// (`K^M > 4096`, `M <= 4`) and its kernels are built.
+    pub range: Option<RangeKernels>,
     pub short: Arc<Kernel>,
     /// `pq_quant.k_<qt>`: a step's new keys, before the select kernel
     /// (`kernels_triton/pq_quant.py`), for any key layout.
@@ -229,10 +260,33 @@ impl Kernels {
         } else {
             (None, None)
         };
+        let range = if combos > HIST_COMBOS && m <= 4 {
+            let mp = if m <= 2 { 2 } else { 4 };
+            match (
+                rt.default_kernel(&format!("pq_rlut.q_{qt}")),
+                rt.default_kernel(&format!("pq_rround.m{mp}")),
+            ) {
+                (Ok(rlut), Ok(rround)) => {
+                    let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
+                    Some(RangeKernels {
+                        lut_block: constexpr_usize(&rlut, "BLOCK_C")?,
+                        level_tile: constexpr_usize(&rround, "TILE")?,
+                        emit_tile: constexpr_usize(&emit, "TILE")?,
+                        rlut,
+                        rround,
+                        emit,
+                    })
+                }
+                _ => None, // an older kernel cache: the chunked path serves
+            }
+        } else {
+            None
+        };
         Ok(Kernels {
             hist,
             split,
             index,
+            range,
             select,
             short: rt.default_kernel(&format!("pq_short.w_{wt}"))?,
             quant,
@@ -257,6 +311,10 @@ impl Kernels {
             }),
             bulk_min: BULK_QUANTIZE_MIN,
             chunked: self.select.is_some(),
+            range: self.range.as_ref().map(|rk| RangeFacts {
+                emit_tile: rk.emit_tile,
+                level_tile: rk.level_tile,
+            }),
         }
     }
 
@@ -302,6 +360,9 @@ impl Kernels {
         if let Some(ik) = &self.index {
             v.extend(ik.wfill.clone());
             v.push(ik.index.clone());
+        }
+        if let Some(rk) = &self.range {
+            v.extend([rk.rlut.clone(), rk.rround.clone(), rk.emit.clone()]);
         }
         v
     }

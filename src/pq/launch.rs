@@ -12,7 +12,7 @@ use crate::driver::Kernel;
 use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, Metric};
-use crate::pq::kernels::{constexpr_usize, Kernels};
+use crate::pq::kernels::{constexpr_usize, Kernels, RANGE_ROUNDS};
 use crate::pq::plan::{StepKind, StepPlan};
 use crate::pq::state::DeviceState;
 
@@ -234,6 +234,9 @@ impl StepLaunches<'_> {
                 }])
             }
             StepKind::Chunked => self.chunked(query, key, s, n_old, n),
+            StepKind::Range { parts, level_parts } => {
+                self.range(query, key, s, n_old, parts, level_parts)
+            }
             StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion => {
                 let ik = ks.index.as_ref().ok_or_else(|| not_built("pq_index"))?;
                 let companion = plan.kind == StepKind::IndexCompanion;
@@ -332,6 +335,81 @@ impl StepLaunches<'_> {
                 ])
             }
         }
+    }
+
+    /// The radix-select split path's launches: `pq_rlut`, [`RANGE_ROUNDS`] x
+    /// `pq_rround`, `pq_emit`.
+    fn range(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+        parts: usize,
+        level_parts: usize,
+    ) -> Result<Vec<Launch>> {
+        let (ks, state, order) = (self.kernels, self.state, self.order);
+        let rows = state.rows();
+        let rk = ks.range.as_ref().ok_or_else(|| not_built("pq_rlut"))?;
+        let mut named = self.hist_args(query, key, s, n_old, &state.hist, &state.histn)?;
+        named.extend([
+            ("bnd_ptr", KernelArg::Buf(state.split_bnd.buf())),
+            ("need_ptr", KernelArg::Buf(state.split_need.buf())),
+            ("flag_ptr", KernelArg::Buf(state.split_flag.buf())),
+            ("ctr_ptr", KernelArg::Buf(state.split_ctr.buf())),
+            ("rst_ptr", KernelArg::Buf(state.rst.buf())),
+            ("rhist_ptr", KernelArg::Buf(state.rhist.buf())),
+            ("rtick_ptr", KernelArg::Buf(state.rtick.buf())),
+            ("NP", i32_arg("parts per row", parts)?),
+            ("LP", i32_arg("round parts per row", level_parts)?),
+        ]);
+        // Bounds: new() sized hist_lut (rows x M x K: pq_rlut writes it, pq_rround and
+        // pq_emit read it), bnd (rows x 2), need (rows), the ticket counter (1), the select
+        // state (rows x 8), the round histograms (rows x RANGE_BINS: a CTA adds only bins
+        // 0 .. NB - 1, clamped or (u - base) >> sh with NB << sh covering the range) and
+        // arrival counters (rows);
+        // ensure_buffers sized the emit's part flags for rows x cdiv(n, TILE) = rows x
+        // parts, the codes (cap >= n keys; rounds read codes j < w0 <= n_old, pq_rlut
+        // writes codes n_old .. n) and the outputs. Grids: pq_rlut (rows, M, cdiv(K, BLOCK_C)
+        // + 1): CTA (r, m, i) writes lut[r, m, i*BLOCK_C ..] (masked to c < K), the last of
+        // each (r, m) subvector m's new codes of r's KV group;
+        // pq_rround (level_parts, rows), each row's round closed by the CTA whose arrival
+        // ticket is level_parts - 1; pq_emit exactly rows x parts CTAs, each taking one
+        // ticket < rows x parts.
+        let rows_parts = u32::try_from(rows * parts)
+            .map_err(|_| Error::invalid("emit grid", format!("{rows} rows x {parts} parts")))?;
+        let lp = u32::try_from(level_parts).map_err(|_| {
+            Error::invalid("radix round grid", format!("{level_parts} parts per row"))
+        })?;
+        if rows > 65535 {
+            return Err(Error::invalid(
+                "radix round grid",
+                format!("{rows} rows (B*H) exceed the grid's 65535 rows"),
+            ));
+        }
+        let m = u32::try_from(state.cfg.m()).map_err(|_| Error::invalid("M", "beyond u32"))?;
+        let lut_ctas = state.cfg.k_centroids().div_ceil(rk.lut_block) as u32 + 1;
+        let mut launches = Vec::with_capacity(RANGE_ROUNDS + 2);
+        launches.push(Launch {
+            kernel: rk.rlut.clone(),
+            grid: [rows as u32, m, lut_ctas],
+            args: order.args(&rk.rlut, &named, true)?,
+        });
+        for round in 0..RANGE_ROUNDS {
+            named.push(("ROUND", KernelArg::I32(round as i32)));
+            launches.push(Launch {
+                kernel: rk.rround.clone(),
+                grid: [lp, rows as u32, 1],
+                args: order.args(&rk.rround, &named, true)?,
+            });
+            named.pop();
+        }
+        launches.push(Launch {
+            kernel: rk.emit.clone(),
+            grid: [rows_parts, 1, 1],
+            args: order.args(&rk.emit, &named, true)?,
+        });
+        Ok(launches)
     }
 
     /// `pq_quant` over the new keys `n_old .. n` (`n > n_old`): grid

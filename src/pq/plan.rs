@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::pq::config::{PqConfig, Shape};
+use crate::pq::kernels::RANGE_ROUNDS;
 
 /// More new keys than this in one step are quantized by the bulk quantize kernel
 /// (`pq_quant`, tiles of keys x centroids on the tensor cores over every SM) launched
@@ -128,6 +129,16 @@ pub struct IndexFacts {
     pub tp: usize,
 }
 
+/// The radix-select split path's kernels built for a config (`pq_rlut`, `pq_rround`,
+/// `pq_emit`: `K^M > 4096`, `M <= 4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RangeFacts {
+    /// `pq_emit`'s `TILE`: quantized keys per emit CTA (> 0).
+    pub emit_tile: usize,
+    /// `pq_rround`'s `TILE`: candidates per CTA of a radix round (> 0).
+    pub level_tile: usize,
+}
+
 /// What [`plan_step`] needs to know of the GPU and of the kernels built for the config
 /// (the architecture matters only through which variants exist).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -145,6 +156,9 @@ pub struct PlanFacts {
     /// `heavy_size` (at most its largest top-k width, 512). The histogram family takes any
     /// heavy size; a step that needs the chunked path without it is refused.
     pub chunked: bool,
+    /// The radix-select split path's kernels, where built (configs the combination
+    /// histogram does not take: `K^M > 4096`, `M <= 4`).
+    pub range: Option<RangeFacts>,
 }
 
 /// What one decode step launches, in order.
@@ -162,6 +176,15 @@ pub enum StepKind {
     Split {
         /// Emit CTAs per row: `cdiv(n, TILE)`.
         parts: usize,
+    },
+    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64) + 1)`), [`RANGE_ROUNDS`] launches of `pq_rround` (grid
+    /// `(level_parts, B*H)`), then `pq_emit` (grid `B*H x parts`): the split path with its
+    /// threshold found by a radix select over the keys' scores (any `K^M`).
+    Range {
+        /// Emit CTAs per row: `cdiv(n, TILE)`.
+        parts: usize,
+        /// CTAs per row of a radix round: `cdiv(w0, level TILE)`, at least 1.
+        level_parts: usize,
     },
     /// `pq_wfill` (one CTA per SM) then `pq_index` (grid `(B*H, 2)`) as its programmatic
     /// dependent launch.
@@ -184,15 +207,17 @@ impl StepKind {
             | StepKind::IndexRowFill
             | StepKind::IndexCompanion => 1,
             StepKind::Split { .. } | StepKind::IndexWfill => 2,
+            StepKind::Range { .. } => RANGE_ROUNDS + 2,
         }
     }
 
-    /// Whether it is a histogram path (`pq_hist`, split or indexed).
+    /// Whether it is a histogram path (`pq_hist`, split, radix-select split or indexed).
     pub fn is_hist(self) -> bool {
         matches!(
             self,
             StepKind::Hist
                 | StepKind::Split { .. }
+                | StepKind::Range { .. }
                 | StepKind::IndexWfill
                 | StepKind::IndexRowFill
                 | StepKind::IndexCompanion
@@ -285,6 +310,15 @@ pub fn plan_step(
     if kind == StepKind::Chunked && !facts.chunked {
         let why = if path == SelectPath::Chunked {
             "--select-path chunked was asked for".to_string()
+        } else if facts.range.is_some() {
+            format!(
+                "the radix-select path needs every heavy pick between the sink and the window \
+                 (init_offset >= sink and S - window - init_offset >= heavy; here init_offset = {}, \
+                 sink = {}, S = {s}, window = {})",
+                cfg.init_offset,
+                cfg.sink_eff(s),
+                cfg.window_eff(s)
+            )
         } else {
             format!(
                 "the histogram kernels take K^M <= 4096 and M <= 4 (K^M = {}, M = {})",
@@ -322,7 +356,6 @@ fn hist_kind(
     path: SelectPath,
     facts: &PlanFacts,
 ) -> Option<StepKind> {
-    let hist = facts.hist?;
     let rows = shape.b * shape.h;
     let n = cfg.n_quantized(s);
     let w0 = cfg.window_start(s);
@@ -330,6 +363,16 @@ fn hist_kind(
     let split_applies = cfg.init_offset >= cfg.sink_eff(s)
         && s - cfg.window_eff(s) >= cfg.init_offset
         && w0 >= cfg.heavy_k(s);
+    let Some(hist) = facts.hist else {
+        // more combinations than the combination histogram takes: the radix select,
+        // wherever the split emit applies (measured against pq_select: NOTES.md, "the
+        // radix-select split path")
+        let rf = facts.range?;
+        return (path != SelectPath::Chunked && split_applies).then(|| StepKind::Range {
+            parts: n.div_ceil(rf.emit_tile),
+            level_parts: w0.div_ceil(rf.level_tile).max(1),
+        });
+    };
     // more heavy picks than half of what pq_index gathers (its TP): its cuts rarely
     // isolate them, and every such row falls back to a pass over its codes in one CTA;
     // Auto takes split (or pq_hist) instead. Measured (NOTES.md, "heavy sizes above 512";
@@ -417,6 +460,9 @@ pub struct StepInfo {
     pub hist: bool,
     /// Whether it ran split: `pq_thresh` + `pq_emit`.
     pub split: bool,
+    /// Whether it ran the radix-select split path: `pq_rlut`, `pq_rround` rounds,
+    /// `pq_emit`.
+    pub range: bool,
     /// Whether it ran indexed: `pq_index` (after `pq_wfill`, or alone).
     pub index: bool,
     /// Whether the indexed step was one launch, each row's companion CTA writing its
@@ -439,6 +485,7 @@ impl StepPlan {
             captured: false,
             hist: k.is_hist(),
             split: matches!(k, StepKind::Split { .. }),
+            range: matches!(k, StepKind::Range { .. }),
             index: k.is_index(),
             companion: k == StepKind::IndexCompanion,
             kind: k,

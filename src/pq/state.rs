@@ -9,7 +9,7 @@ use crate::abi::KernelArg;
 use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
 use crate::pq::config::{PqConfig, Shape};
-use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS};
+use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS, RANGE_BINS};
 use crate::pq::launch::{i32_arg, ArgOrder};
 use crate::pq::plan::SelectPath;
 
@@ -64,6 +64,14 @@ pub(crate) struct DeviceState {
     pub split_need: DevBuf<i32>,
     pub split_flag: DevBuf<i64>,
     pub split_ctr: DevBuf<i32>,
+    /// Radix-select split path state (`kernels_triton/pq_range.py`): each row's radix
+    /// state `i64 [B*H, 8]` (written by the rounds each step), the round's histogram `i32
+    /// [B*H, RANGE_BINS]` and arrival counters `i32 [B*H]` (both kept zero by the
+    /// kernels, zero-filled at creation). The threshold goes to `split_bnd` /
+    /// `split_need`, the lookup table to `hist_lut`, as on the split path.
+    pub rst: DevBuf<i64>,
+    pub rhist: DevBuf<i32>,
+    pub rtick: DevBuf<i32>,
     /// Indexed path state: its own combination counts `i32 [B*H, HIST_COMBOS]` of the
     /// keys `j < ihistn[r]` (`ihistn i32 [B*H]`), the buckets `i32 [B*H, HIST_COMBOS,
     /// capc]` (key positions per combination, slot = count when the key joined; a
@@ -132,6 +140,9 @@ impl DeviceState {
             split_need: DevBuf::new(),
             split_flag: DevBuf::new(),
             split_ctr: DevBuf::new(),
+            rst: DevBuf::new(),
+            rhist: DevBuf::new(),
+            rtick: DevBuf::new(),
             ihist: DevBuf::new(),
             ihistn: DevBuf::new(),
             bkt: DevBuf::new(),
@@ -162,6 +173,16 @@ impl DeviceState {
             me.split_bnd.ensure(&st, rows * 2)?;
             me.split_need.ensure(&st, rows)?;
             me.split_ctr.ensure(&st, 1)?;
+        }
+        if kernels.range.is_some() {
+            me.hist_lut.ensure(&st, rows * m * k)?;
+            me.split_bnd.ensure(&st, rows * 2)?;
+            me.split_need.ensure(&st, rows)?;
+            me.split_ctr.ensure(&st, 1)?;
+            me.rst.ensure(&st, rows * 8)?;
+            // zero-filled: empty histograms, no CTA arrived
+            me.rhist.ensure(&st, rows * RANGE_BINS)?;
+            me.rtick.ensure(&st, rows)?;
         }
         if let Some(ik) = &kernels.index {
             let tp = ik.tp;
@@ -400,6 +421,10 @@ impl DeviceState {
             if let Some(sp) = &kernels.split {
                 self.split_flag.ensure(&st, rows * n.div_ceil(sp.tile))?;
             }
+            if let Some(rk) = &kernels.range {
+                self.split_flag
+                    .ensure(&st, rows * n.div_ceil(rk.emit_tile))?;
+            }
             if kernels.index.is_some() && path.wants_index() {
                 // buckets sized from the code capacity: twice a uniform share of the
                 // keys per combination, plus 16 (rows whose taken combinations hold more
@@ -436,6 +461,9 @@ impl DeviceState {
             self.split_need.ptr(),
             self.split_flag.ptr(),
             self.split_ctr.ptr(),
+            self.rst.ptr(),
+            self.rhist.ptr(),
+            self.rtick.ptr(),
             self.ihist.ptr(),
             self.ihistn.ptr(),
             self.bkt.ptr(),

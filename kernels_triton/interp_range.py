@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""CPU check of the radix-select threshold (``pq_range.py``: ``pq_rlut_kernel``, then
+``pq_rround_kernel`` three times, then ``pq_emit_kernel``) under Triton's interpreter (no
+GPU, no torch).
+
+    TRITON_INTERPRET=1 python3 kernels_triton/interp_range.py [--case NAME] [--seed N]
+
+Configs with more code combinations than the combination histogram takes (``K^M >
+4096``: (M, bits) = (2, 8), (4, 8), (3, 5)), and some it does take (the radix select works
+for any), on small random shapes, every row checked against the spec as
+``interp_check.py`` checks it (heavy set by the 1e-4 rule with float64 scores, exact on
+small-integer inputs; sink, window, order, weights, new keys' codes). Each case runs
+several decode steps, a replay of the last one, and the same step with the CTAs run in
+reverse order (the rounds' last-CTA-closes pattern must not depend on the order); the
+radix state's histogram and counters must be left zero. Outputs are poisoned before each
+launch. Exit status 1 on the first mismatch.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from interp_check import Arr, check, make_state, poison_nonfinite, poisoned_outputs, reversed_grid, split_applies  # noqa: E402,E501
+from pq_range import LEVELS, RLUT_FIXED, RROUND_FIXED, pq_rlut_kernel, pq_rround_kernel  # noqa: E402
+from pq_split import EMIT_FIXED, pq_emit_kernel  # noqa: E402
+
+NB = RROUND_FIXED["NB"]
+
+
+def run_range(st, S, n_old, cfg, tile, rtile, mp, reverse=False):
+    """pq_rlut, LEVELS x pq_rround (TILE = ``rtile``), pq_emit (TILE = ``tile``) for the
+    state ``st`` at S; returns (sparse_list, sparse_len, weight_list) and the rounds that
+    found work."""
+    B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
+    K = 1 << bits
+    rows = B * H
+    io = cfg["init_offset"]
+    NP = -(-(S - io) // tile)
+    w0 = max(0, S - min(cfg["window"], S) - io)
+    LP = max(1, -(-w0 // rtile))
+    sl, ln, w = poisoned_outputs(rows, S, cfg)
+    bnd = Arr(np.full((rows, 2), np.nan, np.float32))
+    need = Arr(np.full(rows, -7, np.int32))
+    flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_rlut zeroes them
+    ctr = Arr(np.full(1, 12345, np.int32))
+    rst = Arr(np.full((rows, 8), -99, np.int64))  # poisoned: round 0 starts every row
+    q, key, cent = st["q"], st["key"], st["cent"]
+    Sk = key.a.shape[2]
+    G = H // H_kv
+    ctx = reversed_grid if reverse else _nothing
+    with ctx():
+        pq_rlut_kernel[(rows, M, -(-K // RLUT_FIXED["BLOCK_C"]) + 1)](
+            q, key, cent, st["phi"], st["codes"], st["lut"], flag, ctr,
+            H * D, D, H_kv * Sk * D, Sk * D, D,
+            H, G, M, K, D // M, S, n_old, st["cap"], io, st["metric_ip"], NP, **RLUT_FIXED, num_warps=4)
+        assert not flag.a.any() and ctr.a[0] == 0, "pq_rlut left the emit's flags or counter non-zero"
+        rounds = 0
+        for rd in range(LEVELS):
+            rounds += int(rd == 0 or (rst.a[:, 7] == 0).any())
+            pq_rround_kernel[(LP, rows)](
+                st["codes"], st["lut"], rst, st["rhist"], st["rtick"], bnd, need, H, G, M, K, S, st["cap"],
+                cfg["heavy"], io, cfg["window"], LP, rd, MP=mp, KP=RROUND_FIXED["KP"], TILE=rtile, NB=NB,
+                num_warps=4)
+            assert not st["rhist"].a.any(), "a round left its histogram non-zero"
+            assert not st["rtick"].a.any(), "a round left its counter non-zero"
+        assert np.all(rst.a[:, 7] == 1), f"rows not resolved after {LEVELS} rounds: {np.flatnonzero(rst.a[:, 7] != 1)}"
+        pq_emit_kernel[(rows * NP, )](
+            st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, H, G, M, K, S, st["cap"], cfg["sink"],
+            cfg["window"], cfg["heavy"], io, NP, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)
+    assert ctr.a[0] == rows * NP, f"emit tickets {ctr.a[0]} != {rows * NP} CTAs"
+    return (sl.a, ln.a, w.a), rounds
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+CASES = [
+    # name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, metric_ip, emit tile, round tile
+    ("m2_bits8", (1, 4, 2, 64, 2, 8), 3000, 2, dict(sink=16, window=32, heavy=300, init_offset=16), False, False, 512,
+     1024),
+    ("m4_bits8_ip", (2, 2, 1, 32, 4, 8), 2000, 2, dict(sink=8, window=24, heavy=150, init_offset=8), False, True, 256,
+     512),
+    ("m3_bits5_ties", (1, 4, 4, 48, 3, 5), 2500, 2, dict(sink=8, window=16, heavy=400, init_offset=8), True, False,
+     512, 256),
+    ("m2_bits6_heavy1", (1, 2, 2, 32, 2, 6), 1500, 2, dict(sink=4, window=8, heavy=1, init_offset=4), False, False,
+     256, 512),
+    ("m2_bits8_heavy0", (1, 2, 2, 32, 2, 8), 1500, 1, dict(sink=4, window=8, heavy=0, init_offset=4), False, False,
+     256, 512),
+    # one value of the score for most keys: many ties at the threshold
+    ("m2_bits7_dense", (1, 2, 2, 16, 2, 7), 1800, 2, dict(sink=4, window=8, heavy=900, init_offset=4), True, False,
+     128, 256),
+    # scores in the thousands (ranks compressed past 16384, value bins narrower than 2^13
+    # ulps soon: integer rounds) and every score equal (an empty value range)
+    ("huge_scores", (1, 4, 2, 64, 2, 8), 1500, 2, dict(sink=8, window=16, heavy=200, init_offset=8), False, False,
+     256, 512),
+    ("flat", (1, 2, 2, 32, 4, 8), 1200, 1, dict(sink=8, window=16, heavy=100, init_offset=8), False, False, 256, 512),
+    ("nonfinite", (1, 4, 2, 32, 2, 8), 1500, 2, dict(sink=8, window=16, heavy=60, init_offset=8), False, False, 256,
+     512),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--case", default=None, help="this case only (by name)")
+    ap.add_argument("--seed", type=int, default=None)
+    a = ap.parse_args()
+    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print(f"interp_range: seed {seed}")
+    rng = np.random.default_rng(seed)
+    cases = CASES
+    if a.case:
+        cases = [c for c in CASES if c[0] == a.case]
+        if not cases:
+            ap.error(f"no case named {a.case!r}: {', '.join(c[0] for c in CASES)}")
+    for name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, ip, tile, rtile in cases:
+        mp = 2 if M <= 2 else 4
+        n0 = S0 - cfg["init_offset"] - 1
+        st = make_state(rng, B, H, H_kv, D, M, bits, S0 + steps + 4, n0, small, ip)
+        if name == "m2_bits7_dense":
+            # two codes per subvector only: few distinct scores, hundreds of keys each
+            st["codes"].a[...] = st["codes"].a % 2
+        if name == "nonfinite":
+            poison_nonfinite(st, cfg["init_offset"], n0)
+        if name == "huge_scores":
+            st["q"].a[...] *= 700.0
+        if name == "flat":
+            st["cent"].a[...] = st["cent"].a[..., :1, :, :]
+        rows = B * H
+        st["rhist"] = Arr(np.zeros((rows, NB), np.int32))
+        st["rtick"] = Arr(np.zeros(rows, np.int32))
+        n_old = n0
+        plan = [S0 + i for i in range(steps)] + [S0 + steps - 1]  # decode steps, then a replay
+        total_rounds = 0
+        for i, S in enumerate(plan + [plan[-1]]):
+            assert split_applies(S, cfg), name
+            reverse = i == len(plan)
+            out, rounds = run_range(st, S, n_old, cfg, tile, rtile, mp, reverse)
+            tag = ", CTAs in reverse order" if reverse else ""
+            check(st, S, n_old, cfg, out, f"{name} step {i} S={S}{tag}")
+            total_rounds += rounds
+            n_old = max(n_old, S - cfg["init_offset"])
+        print(f"  {name}: {len(plan) + 1} steps ok ({total_rounds} rounds with work)")
+    print("interp_range: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
