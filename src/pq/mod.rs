@@ -11,6 +11,8 @@
 //! - [`io`]: safetensors input/output in the upstream layouts.
 //! - [`plan`]: which kernels a GPU decode step launches, as data ([`plan::plan_step`],
 //!   pure: unit-tested on the CPU).
+//! - [`memory`]: the indexer's device bytes by group ([`memory::StateBytes`]) and their
+//!   prediction from config and shape ([`memory::state_bytes_for`], pure).
 //! - [`ragged`]: ragged batches (each entry at its own length): inputs, padded outputs,
 //!   the CPU reference and the checker, built from the fixed-`S` ones per entry.
 //!
@@ -39,6 +41,7 @@ mod indexer;
 pub mod io;
 mod kernels;
 mod launch;
+pub mod memory;
 pub mod plan;
 pub mod prefill;
 pub mod ragged;
