@@ -244,6 +244,8 @@ impl GpuIndexer {
         if let Some(ix) = &mut self.facts.index {
             ix.bucket_budget = bytes;
         }
+        // a captured step of the same key may have been planned under the old budget
+        self.graph.clear();
     }
 
     /// Quantize a step's new keys with `pq_quant` before the select kernel when there are
