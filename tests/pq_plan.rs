@@ -4,9 +4,10 @@
 //! GPU, with the device facts (SM count, which kernels are built) made up per case.
 
 use tritonrt::pq::plan::{
-    plan_step, HistFacts, IndexFacts, PlanFacts, RangeFacts, SelectPath, StepKind, StepPlan,
+    bucket_capacity, code_capacity, hist_built_for, index_bucket_bytes, index_built_for, plan_step,
+    takes_index, HistFacts, IndexFacts, PlanFacts, RangeFacts, SelectPath, StepKind, StepPlan,
     AUTO_HIST_MIN_KEYS, AUTO_HIST_MIN_ROWS, AUTO_SPLIT_MIN_KEYS, BULK_QUANTIZE_MIN,
-    COMPANION_FILL_MAX_BYTES,
+    COMPANION_FILL_MAX_BYTES, INDEX_BUCKET_BUDGET_BYTES, SHIPPED_EMIT_TILE, SHIPPED_INDEX_TP,
 };
 use tritonrt::pq::{DType, PqConfig, Shape};
 use tritonrt::Error;
@@ -44,6 +45,7 @@ fn sm90(sms: u32) -> PlanFacts {
         index: Some(IndexFacts {
             wfill: true,
             tp: TP,
+            bucket_budget: INDEX_BUCKET_BUDGET_BYTES,
         }),
         bulk_min: BULK_QUANTIZE_MIN,
         chunked: true,
@@ -57,6 +59,7 @@ fn sm80(sms: u32) -> PlanFacts {
         index: Some(IndexFacts {
             wfill: false,
             tp: TP,
+            bucket_budget: INDEX_BUCKET_BUDGET_BYTES,
         }),
         ..sm90(sms)
     }
@@ -519,10 +522,26 @@ fn indexed_path_fallbacks() {
     }
     // Auto falls back to its own rule: 512 rows of 4M keys, pq_hist
     assert_eq!(kind(&cfg, wide, s, 1, SelectPath::Auto, &f), StepKind::Hist);
-    // one position less fits
+    // one position less fits an i32 (given a bucket budget for its 17 GB of buckets;
+    // the default budget declines them: see bucket_budget_guards_auto)
+    let roomy = PlanFacts {
+        index: f.index.map(|ix| IndexFacts {
+            bucket_budget: usize::MAX,
+            ..ix
+        }),
+        ..f
+    };
+    assert_eq!(
+        kind(&cfg, wide, s - 1, 1, SelectPath::Auto, &roomy),
+        StepKind::IndexWfill
+    );
+    assert_eq!(
+        kind(&cfg, wide, s, 1, SelectPath::Auto, &roomy),
+        StepKind::Hist
+    );
     assert_eq!(
         kind(&cfg, wide, s - 1, 1, SelectPath::Auto, &f),
-        StepKind::IndexWfill
+        StepKind::Hist
     );
     assert_eq!(
         kind(&cfg, wide, s - 1, 1, SelectPath::IndexCompanion, &f),
@@ -704,6 +723,252 @@ fn no_hist_chunkless() -> PlanFacts {
         chunked: false,
         ..sm90(H100_SMS)
     }
+}
+
+/// `takes_index` is `plan_step`'s own rule: over configs, shapes, lengths, new-key counts,
+/// paths and kernel sets, it says "indexed" exactly when the plan's kind is an `Index*`
+/// (the indexer allocates the buckets on that answer).
+#[test]
+fn takes_index_is_the_plans_choice() {
+    let bf16 = |heavy, m, bits| PqConfig {
+        heavy_size: heavy,
+        pq_group_factor: m,
+        pq_bits: bits,
+        input_dtype: DType::BF16,
+        weight_dtype: DType::BF16,
+        ..rcfg()
+    };
+    let cfgs = [
+        rcfg(),
+        bf16(128, 2, 6),
+        bf16(3020, 2, 6),
+        bf16(512, 2, 6),
+        bf16(128, 2, 8),
+        bf16(128, 4, 8),
+        PqConfig {
+            weight_dtype: DType::F32,
+            ..bf16(128, 2, 6)
+        },
+    ];
+    let shapes = [
+        shape(1, 32),
+        shape(4, 32),
+        shape(4, 128),
+        Shape {
+            h_kv: 8,
+            ..shape(1, 32)
+        },
+    ];
+    let mut seen = [false; 2];
+    for cfg in cfgs {
+        for f in [
+            PlanFacts::shipped_sm90(&cfg, H100_SMS),
+            sm80(108),
+            no_index(),
+            no_hist(),
+        ] {
+            for sh in shapes {
+                for s in [300, 1000, 32768, 131072, 1 << 22] {
+                    for path in ALL_PATHS {
+                        let t = takes_index(&cfg, &sh, s, path, &f);
+                        let n = cfg.n_quantized(s);
+                        for n_old in [n.saturating_sub(1), n.saturating_sub(5000)] {
+                            match plan_step(&cfg, &sh, s, n_old, path, &f) {
+                                Ok(p) => assert_eq!(
+                                    t,
+                                    p.kind.is_index(),
+                                    "{cfg} {sh} S={s} {path:?} {f:?}"
+                                ),
+                                Err(_) => assert!(!t, "{cfg} {sh} S={s} {path:?}"),
+                            }
+                        }
+                        seen[usize::from(t)] = true;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(seen, [true, true], "both answers covered");
+}
+
+/// The configs and shapes whose steps never take the indexed path, so no buckets:
+/// more heavy picks than TP / 2 under Auto (every practical workload), `K^M > 4096`,
+/// `M > 2`, query dtype != weight dtype (the shipped facts build no `pq_index` for these),
+/// `B*H*S >= 2^31`, the short path, the paths that do not want it.
+#[test]
+fn no_indexed_step_for_configs_the_plan_never_indexes() {
+    let practical = |heavy, m, bits| PqConfig {
+        heavy_size: heavy,
+        pq_group_factor: m,
+        pq_bits: bits,
+        input_dtype: DType::BF16,
+        weight_dtype: DType::BF16,
+        ..rcfg()
+    };
+    let p_shape = Shape {
+        b: 1,
+        h: 32,
+        h_kv: 8,
+        s: 0,
+        d: 128,
+    };
+    let l_shape = Shape { b: 4, ..p_shape };
+    let on = |cfg: &PqConfig, sh: &Shape, s, path| {
+        takes_index(cfg, sh, s, path, &PlanFacts::shipped_sm90(cfg, H100_SMS))
+    };
+    // the practical large workload: 12851 (spec) or 12083 heavy picks against TP / 2 = 128
+    for heavy in [12851, 12083] {
+        assert!(!on(
+            &practical(heavy, 2, 6),
+            &l_shape,
+            131072,
+            SelectPath::Auto
+        ));
+        // asked for by name it still runs indexed (its rows fall back in-kernel)
+        assert!(on(
+            &practical(heavy, 2, 6),
+            &l_shape,
+            131072,
+            SelectPath::IndexWfill
+        ));
+    }
+    for heavy in [3020, 129, 512, 2048, 8192] {
+        assert!(!on(
+            &practical(heavy, 2, 6),
+            &p_shape,
+            32768,
+            SelectPath::Auto
+        ));
+    }
+    assert!(on(&practical(128, 2, 6), &p_shape, 32768, SelectPath::Auto));
+    // no pq_index for the config: K^M = 65536, M = 4, bf16 query with fp32 weights
+    for cfg in [
+        practical(128, 2, 8),
+        practical(128, 4, 8),
+        practical(128, 4, 3),
+        PqConfig {
+            weight_dtype: DType::F32,
+            ..practical(128, 2, 6)
+        },
+    ] {
+        assert!(!index_built_for(&cfg), "{cfg}");
+        assert!(PlanFacts::shipped_sm90(&cfg, H100_SMS).index.is_none());
+        for path in ALL_PATHS {
+            assert!(!on(&cfg, &p_shape, 32768, path), "{cfg} {path:?}");
+        }
+    }
+    assert!(hist_built_for(&practical(128, 4, 3)));
+    assert!(!hist_built_for(&practical(128, 2, 8)));
+    // B*H*S >= 2^31 (512 rows x 2^22), the short path, paths that do not want it
+    let cfg = rcfg();
+    assert!(!on(&cfg, &shape(4, 128), 1 << 22, SelectPath::Auto));
+    assert!(on(
+        &cfg,
+        &shape(4, 128),
+        (1 << 22) - 1,
+        SelectPath::IndexWfill
+    ));
+    assert!(!on(
+        &cfg,
+        &shape(1, 32),
+        cfg.short_threshold(),
+        SelectPath::Auto
+    ));
+    assert!(on(
+        &cfg,
+        &shape(1, 32),
+        cfg.short_threshold() + 1,
+        SelectPath::Auto
+    ));
+    for path in [SelectPath::Chunked, SelectPath::Hist, SelectPath::Split] {
+        assert!(!on(&cfg, &Shape::reference(), 32000, path), "{path:?}");
+    }
+    assert!(!takes_index(
+        &cfg,
+        &shape(1, 32),
+        0,
+        SelectPath::Auto,
+        &sm90(H100_SMS)
+    ));
+}
+
+/// Auto declines the indexed path when its buckets would exceed the budget (256 MiB by
+/// default): the large workload (160 MiB) keeps it, a batch of 7 at S = 131072 does not
+/// (pq_hist instead: at least 64 rows of 32768 keys); forced index paths ignore it.
+#[test]
+fn bucket_budget_guards_auto() {
+    assert_eq!(INDEX_BUCKET_BUDGET_BYTES, 256 << 20);
+    assert_eq!(code_capacity(130944), 130944);
+    assert_eq!(code_capacity(130943), 130944);
+    assert_eq!(code_capacity(1), 16);
+    assert_eq!(bucket_capacity(130944), 80);
+    assert_eq!(bucket_capacity(31872), 32);
+    assert_eq!(index_bucket_bytes(128, 130944), 167_772_160);
+    let cfg = rcfg();
+    let f = sm90(H100_SMS);
+    let s = 131072;
+    let at = |b: usize, f: &PlanFacts, path| kind(&cfg, shape(b, 32), s, 1, path, f);
+    assert_eq!(at(4, &f, SelectPath::Auto), StepKind::IndexWfill);
+    // 192 rows: 251 658 240 bytes, within; 224 rows: 293 601 280, over
+    assert_eq!(index_bucket_bytes(192, 130944), 251_658_240);
+    assert_eq!(at(6, &f, SelectPath::Auto), StepKind::IndexWfill);
+    assert_eq!(index_bucket_bytes(224, 130944), 293_601_280);
+    assert_eq!(at(7, &f, SelectPath::Auto), StepKind::Hist);
+    assert_eq!(at(7, &f, SelectPath::Index), StepKind::IndexWfill);
+    assert_eq!(
+        at(7, &f, SelectPath::IndexCompanion),
+        StepKind::IndexCompanion
+    );
+    // a budget one byte short of the large workload's buckets
+    let tight = PlanFacts {
+        index: f.index.map(|ix| IndexFacts {
+            bucket_budget: 167_772_159,
+            ..ix
+        }),
+        ..f
+    };
+    assert_eq!(at(4, &tight, SelectPath::Auto), StepKind::Hist);
+    assert!(!takes_index(
+        &cfg,
+        &shape(4, 32),
+        s,
+        SelectPath::Auto,
+        &tight
+    ));
+    assert_eq!(at(4, &tight, SelectPath::IndexWfill), StepKind::IndexWfill);
+    // the reference workload needs 16.8 MB
+    assert_eq!(index_bucket_bytes(32, code_capacity(31872)), 16_777_216);
+    assert_eq!(
+        kind(&cfg, Shape::reference(), 32000, 1, SelectPath::Auto, &tight),
+        StepKind::IndexCompanion
+    );
+}
+
+#[test]
+fn step_kind_names_and_shipped_facts() {
+    let kinds = [
+        (StepKind::Short, "short"),
+        (StepKind::Chunked, "chunked"),
+        (StepKind::Hist, "hist"),
+        (StepKind::Split { parts: 8 }, "split"),
+        (StepKind::IndexWfill, "index-wfill"),
+        (StepKind::IndexRowFill, "index-rowfill"),
+        (StepKind::IndexCompanion, "index-companion"),
+    ];
+    for (k, name) in kinds {
+        assert_eq!(k.name(), name);
+    }
+    let f = PlanFacts::shipped_sm90(&rcfg(), H100_SMS);
+    assert_eq!(f.sm_count, H100_SMS);
+    assert_eq!(f.hist.map(|h| h.emit_tile), Some(SHIPPED_EMIT_TILE));
+    let ix = f.index.expect("pq_index for the reference config");
+    assert!(ix.wfill && ix.tp == SHIPPED_INDEX_TP && ix.bucket_budget == INDEX_BUCKET_BUDGET_BYTES);
+    assert!(f.chunked && f.bulk_min == BULK_QUANTIZE_MIN);
+    let big = PqConfig {
+        heavy_size: 513,
+        ..rcfg()
+    };
+    assert!(!PlanFacts::shipped_sm90(&big, H100_SMS).chunked);
 }
 
 /// `K^M > 4096` with the radix-select kernels built (no combination histogram), the

@@ -28,6 +28,7 @@ Examples:
   tritonrt bench                                  reference workload (B=1, H=32, S=32000)
   tritonrt bench --workload large                 B=4, S=131072
   tritonrt bench --sweep --json out.json          S = 4k .. 128k, machine-readable
+  tritonrt bench --matrix --json matrix.json      issue 26's matrix: practical, reference, large, heavy sweep
 Every step quantizes one new key by default (codes cached for S - 1 - init_offset keys), as the
 upstream benchmark does; --new-keys N makes it N. Timings are medians after a warm-up.")]
 pub struct BenchArgs {
@@ -90,6 +91,25 @@ pub struct BenchArgs {
     /// device's GPU time (CUDA events), with plain launches and with graph replay.
     #[arg(long, value_name = "LIST", conflicts_with_all = ["soak", "prefill", "save_inputs"])]
     pub devices: Option<String>,
+    /// Time the matrix of issue 26 in one run (`tritonrt::pq::matrix`): the spec's
+    /// practical workloads ((M, bits) (2,6) (2,8) (4,8) at B=1 H=32 H_kv=8 S=32768 bf16,
+    /// heavy 3020), the large practical one (B=4 S=131072, heavy 12851 and 12083), the
+    /// reference and large workloads, and heavy 128/512/2048/8192 on the practical shape.
+    /// One row each: graph wall and GPU time (medians, us), memory floor, wall/floor, the
+    /// indexer's device bytes, the step path, and the last timed step checked against the
+    /// CPU reference (spec rule, every row B*H). A row the GPU refuses prints its reason.
+    /// --workload, --seq-lens and --sweep do not apply; --save-inputs writes
+    /// DIR/<row>.safetensors.
+    #[arg(long, conflicts_with_all = ["soak", "prefill", "sweep", "seq_lens", "devices"])]
+    pub matrix: bool,
+    /// With --matrix: only these rows, by name (e.g. `practical-m2b6,practical-large`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "NAME,...",
+        requires = "matrix"
+    )]
+    pub matrix_rows: Vec<String>,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -141,6 +161,9 @@ fn save_inputs(path: &std::path::Path, cfg: &PqConfig, inputs: &PqInputs) -> any
         ("metric", cfg.metric.as_str().to_string()),
         ("seq_len", sh.s.to_string()),
         ("key_first", first.to_string()),
+        // the tensors are stored as f32 holding values already rounded to these dtypes
+        ("input_dtype", cfg.input_dtype.as_str().to_string()),
+        ("weight_dtype", cfg.weight_dtype.as_str().to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -155,6 +178,10 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     if let Some(list) = &a.devices {
         let ordinals = tritonrt::pq::shard_plan::parse_devices(list)?;
         return bench_devices(&a, &ordinals);
+    }
+    if a.matrix {
+        // refuse an unknown row name before opening the GPU
+        tritonrt::pq::matrix::select_rows(&a.matrix_rows)?;
     }
     let rt =
         match gpu::open_runtime(a.device, &a.ptx.ptx_cache).context("opening the GPU runtime")? {
@@ -181,6 +208,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     }
     if let Some(n) = a.soak {
         return soak(&rt, &cfg, n);
+    }
+    if a.matrix {
+        return matrix(&a, &rt);
     }
     let base: Shape = a.workload.shape();
     let seq_lens: Vec<usize> = if a.sweep {
@@ -226,7 +256,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     bar.finish_and_clear();
 
     say!(
-        "{:>3} {:>5} {:>7} | {:>10} {:>10} | {:>10} {:>10} | {:>9} {:>9} | {:>7} {:>7}",
+        "{:>3} {:>5} {:>7} | {:>10} {:>10} | {:>10} {:>10} | {:>9} {:>9} | {:>7} {:>7} | {:>9} {:>9} {:<15}",
         "B",
         "H",
         "S",
@@ -237,13 +267,16 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
         "floor MB",
         "floor us",
         "wall/fl",
-        "gpu/fl"
+        "gpu/fl",
+        "state MB",
+        "w/o out",
+        "path"
     );
     let mut json = Vec::new();
     for r in &results {
         let floor_us = r.floor_bytes as f64 / bw * 1e6;
         say!(
-            "{:>3} {:>5} {:>7} | {:>10.1} {:>10.1} | {:>10.1} {:>10.1} | {:>9.2} {:>9.1} | {:>7.2} {:>7.2}",
+            "{:>3} {:>5} {:>7} | {:>10.1} {:>10.1} | {:>10.1} {:>10.1} | {:>9.2} {:>9.1} | {:>7.2} {:>7.2} | {:>9.2} {:>9.2} {:<15}",
             r.shape.b,
             r.shape.h,
             r.shape.s,
@@ -254,7 +287,10 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             r.floor_bytes as f64 / 1e6,
             floor_us,
             r.graph_wall.median_us / floor_us,
-            r.graph_gpu.median_us / floor_us
+            r.graph_gpu.median_us / floor_us,
+            r.state.total() as f64 / 1e6,
+            r.state.state() as f64 / 1e6,
+            path_name(r)
         );
         json.push(serde_json::json!({
             "device": rt.device().name(),
@@ -269,10 +305,14 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             "floor_us": floor_us,
             "copy_bandwidth_bytes_per_s": bw,
             "select_variant": r.select_variant,
+            "path": path_name(r),
+            "state_bytes": r.state.total(),
+            "state_bytes_without_outputs": r.state.state(),
+            "state_bytes_detail": r.state,
             "steps": r.graph_wall.samples,
         }));
     }
-    say!("(us: medians per step; wall = host timer around step + synchronize; gpu = CUDA events; floor = bytes / copy bandwidth)");
+    say!("(us: medians per step; wall = host timer around step + synchronize; gpu = CUDA events; floor = bytes / copy bandwidth; state = every device byte the indexer allocated, MB = 1e6 bytes; w/o out = without its own output buffers)");
     if let Some(path) = &a.json {
         let text = serde_json::to_string_pretty(&json)? + "\n";
         tritonrt::artifact::write_atomic(path, text.as_bytes())
@@ -280,6 +320,218 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
         say!("results written to {}", path.display());
     }
     Ok(super::EXIT_OK)
+}
+
+/// The step path a bench result ran: its kind's name, `+quant` when `pq_quant` ran
+/// first.
+fn path_name(r: &BenchResult) -> String {
+    format!(
+        "{}{}",
+        r.kind.name(),
+        if r.bulk_quantize { "+quant" } else { "" }
+    )
+}
+
+/// One row of `tritonrt bench --matrix`: timed, or refused / failed with the reason.
+struct MatrixOutcome {
+    row: tritonrt::pq::matrix::MatrixRow,
+    result: Result<(BenchResult, tritonrt::pq::CheckReport), String>,
+    /// Whether the error was the indexer refusing the row (a config it has no kernel
+    /// for), not a failure.
+    refused: bool,
+    /// [`tritonrt::pq::memory::state_bytes_for`] of the row with the shipped sm_90 facts.
+    predicted: tritonrt::pq::memory::StateBytes,
+}
+
+/// `tritonrt bench --matrix`: every row of `tritonrt::pq::matrix::bench_matrix()` (or
+/// those named by --matrix-rows) timed in one run; see [`BenchArgs::matrix`].
+fn matrix(a: &BenchArgs, rt: &std::sync::Arc<tritonrt::runtime::Runtime>) -> anyhow::Result<i32> {
+    use tritonrt::pq::matrix::select_rows;
+    use tritonrt::pq::memory::{state_bytes_for, SelectSizes};
+    use tritonrt::pq::plan::{PlanFacts, SelectPath};
+    let rows = select_rows(&a.matrix_rows)?;
+    let stream = rt.device().new_stream()?;
+    let bw = gpu::copy_bandwidth(rt, &stream, a.copy_bytes).context("measuring copy bandwidth")?;
+    let sms = rt.device().sm_count();
+    say!(
+        "device:  {} (sm_{}, {} SMs), copy bandwidth {:.2} TB/s (read + write, {} MiB device-to-device copy)",
+        rt.device().name(),
+        rt.device().arch(),
+        sms,
+        bw / 1e12,
+        a.copy_bytes >> 20
+    );
+    say!(
+        "matrix:  {} rows, {} timed steps per mode each, {} new key(s) per step; check: the last timed step against the CPU reference, spec rule, every row B*H",
+        rows.len(),
+        a.steps,
+        a.new_keys
+    );
+    let bar = indicatif::ProgressBar::new(rows.len() as u64);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} rows {elapsed} {msg}")
+    {
+        bar.set_style(style);
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        bar.set_message(row.name.clone());
+        let (cfg, shape) = (row.cfg, row.shape);
+        let predicted = state_bytes_for(
+            &cfg,
+            &shape,
+            shape.s,
+            SelectPath::Auto,
+            &PlanFacts::shipped_sm90(&cfg, sms),
+            SelectSizes::shipped(&cfg),
+        );
+        let n_cached = cfg.n_quantized(shape.s).saturating_sub(a.new_keys);
+        let inputs = PqInputs::random(&cfg, shape, n_cached, a.seed ^ shape.s as u64)
+            .with_context(|| format!("generating inputs for {}", row.name))?;
+        if let Some(dir) = &a.save_inputs {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let p = dir.join(format!("{}.safetensors", row.name));
+            save_inputs(&p, &cfg, &inputs).with_context(|| format!("writing {}", p.display()))?;
+        }
+        let tuned = tritonrt::pq::tune::tuned_select_variant(rt, &cfg, &shape);
+        let (result, refused) = match gpu::bench_shape(rt, &cfg, &inputs, tuned.as_deref(), a.steps)
+        {
+            Ok(r) => {
+                bar.set_message(format!("{}: checking", row.name));
+                let report = tritonrt::pq::check(&cfg, &inputs, &r.last_output);
+                (Ok((r, report)), false)
+            }
+            // the indexer's refusals (no kernel for the config) are Invalid errors that name
+            // the parameter; anything else (a driver error) is a failure
+            Err(e) => {
+                let refused =
+                    matches!(&e, tritonrt::Error::Invalid { what, .. } if what == "heavy_size");
+                (Err(e.to_string()), refused)
+            }
+        };
+        out.push(MatrixOutcome {
+            row,
+            result,
+            refused,
+            predicted,
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    say!(
+        "{:<22} {:<16} | {:>9} {:>9} | {:>8} {:>7} | {:>8} {:>8} | check",
+        "row",
+        "path",
+        "wall us",
+        "gpu us",
+        "floor us",
+        "wall/fl",
+        "state MB",
+        "w/o out"
+    );
+    let mut json = Vec::new();
+    let mut failed = false;
+    for o in &out {
+        let (cfg, sh) = (o.row.cfg, o.row.shape);
+        let mut js = serde_json::json!({
+            "name": o.row.name,
+            "description": o.row.what,
+            "device": rt.device().name(),
+            "b": sh.b, "h": sh.h, "h_kv": sh.h_kv, "s": sh.s, "d": sh.d,
+            "m": cfg.m(), "bits": cfg.pq_bits, "heavy": cfg.heavy_size,
+            "sink": cfg.sink_size, "window": cfg.window_size, "init_offset": cfg.init_offset,
+            "dtype": cfg.input_dtype.as_str(), "weight_dtype": cfg.weight_dtype.as_str(),
+            "metric": cfg.metric.as_str(),
+            "copy_bandwidth_bytes_per_s": bw,
+            "state_bytes_predicted": o.predicted.total(),
+        });
+        match &o.result {
+            Ok((r, report)) => {
+                let floor_us = r.floor_bytes as f64 / bw * 1e6;
+                let path = path_name(r);
+                say!(
+                    "{:<22} {:<16} | {:>9.1} {:>9.1} | {:>8.1} {:>7.2} | {:>8.2} {:>8.2} | {}",
+                    o.row.name,
+                    path,
+                    r.graph_wall.median_us,
+                    r.graph_gpu.median_us,
+                    floor_us,
+                    r.graph_wall.median_us / floor_us,
+                    r.state.total() as f64 / 1e6,
+                    r.state.state() as f64 / 1e6,
+                    report
+                );
+                if r.state != o.predicted {
+                    say!(
+                        "{:<22} note: the CPU prediction of the state was {} bytes, the indexer allocated {} ({:?})",
+                        "",
+                        o.predicted.total(),
+                        r.state.total(),
+                        r.state
+                    );
+                }
+                failed |= !report.passed();
+                let extra = serde_json::json!({
+                    "refused": null,
+                    "path": path,
+                    "select_variant": r.select_variant,
+                    "launch_wall_us": r.launch_wall.median_us,
+                    "graph_wall_us": r.graph_wall.median_us,
+                    "launch_gpu_us": r.launch_gpu.median_us,
+                    "graph_gpu_us": r.graph_gpu.median_us,
+                    "graph_wall_p10_us": r.graph_wall.p10_us,
+                    "graph_wall_p90_us": r.graph_wall.p90_us,
+                    "floor_bytes": r.floor_bytes,
+                    "floor_us": floor_us,
+                    "wall_over_floor": r.graph_wall.median_us / floor_us,
+                    "state_bytes": r.state.total(),
+                    "state_bytes_without_outputs": r.state.state(),
+                    "state_bytes_detail": r.state,
+                    "check": report.to_string(),
+                    "check_passed": report.passed(),
+                    "check_rows": report.rows,
+                    "steps": r.graph_wall.samples,
+                });
+                merge(&mut js, extra);
+            }
+            Err(why) => {
+                let label = if o.refused { "refused" } else { "FAILED" };
+                say!("{:<22} {label}: {why}", o.row.name);
+                failed |= !o.refused;
+                merge(
+                    &mut js,
+                    serde_json::json!({
+                        "refused": if o.refused { Some(why) } else { None },
+                        "error": if o.refused { None } else { Some(why) },
+                        "path": null, "graph_wall_us": null, "graph_gpu_us": null,
+                        "launch_wall_us": null, "launch_gpu_us": null, "floor_us": null,
+                        "state_bytes": null, "check": null, "check_passed": null,
+                    }),
+                );
+            }
+        }
+        json.push(js);
+    }
+    say!("(us: medians per step; wall = CUDA-graph replay, host timer around step + synchronize; gpu = CUDA events around each replay; floor = bytes the step must move / copy bandwidth; state = every device byte the indexer allocated, MB = 1e6 bytes; w/o out = without its own output buffers; path: the step's kind, +quant where pq_quant ran first)");
+    if let Some(path) = &a.json {
+        let text = serde_json::to_string_pretty(&json)? + "\n";
+        tritonrt::artifact::write_atomic(path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        say!("results written to {}", path.display());
+    }
+    Ok(if failed {
+        super::EXIT_CHECK_FAILED
+    } else {
+        super::EXIT_OK
+    })
+}
+
+/// Copy `extra`'s fields into the JSON object `into`.
+fn merge(into: &mut serde_json::Value, extra: serde_json::Value) {
+    if let (Some(o), serde_json::Value::Object(e)) = (into.as_object_mut(), extra) {
+        o.extend(e);
+    }
 }
 
 /// `tritonrt bench --soak N`: a decode loop of `n` graph-replayed steps on one indexer.

@@ -56,8 +56,9 @@ pub use crate::pq::harness::{
 pub use crate::pq::indexer::{GpuIndexer, LaunchMode};
 pub use crate::pq::kernels::{select_kernel_name, HIST_COMBOS, K_PADS};
 pub use crate::pq::launch::DeviceTensorRef;
+pub use crate::pq::memory::StateBytes;
 pub use crate::pq::plan::{
-    plan_step, HistFacts, IndexFacts, PlanFacts, SelectPath, StepInfo, StepKind, StepPlan,
-    BULK_QUANTIZE_MIN, COMPANION_FILL_MAX_BYTES,
+    plan_step, takes_index, HistFacts, IndexFacts, PlanFacts, SelectPath, StepInfo, StepKind,
+    StepPlan, BULK_QUANTIZE_MIN, COMPANION_FILL_MAX_BYTES, INDEX_BUCKET_BUDGET_BYTES,
 };
 pub use crate::pq::state::StepOutputs;

@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::pq::config::{DType, PqConfig, Shape};
 use crate::pq::indexer::{GpuIndexer, LaunchMode};
 use crate::pq::launch::DeviceTensorRef;
-use crate::pq::plan::SelectPath;
+use crate::pq::memory::StateBytes;
+use crate::pq::plan::{SelectPath, StepKind};
 use crate::pq::reference::PqOutput;
 use crate::pq::workload::PqInputs;
 use crate::runtime::Runtime;
@@ -196,6 +197,14 @@ pub struct Execution {
     pub index_companion: bool,
     /// Whether `pq_quant` quantized the new keys before the select kernel.
     pub bulk_quantize: bool,
+    /// The first step's kind (the flags above are derived from it).
+    pub kind: StepKind,
+    /// The indexer's device bytes after the last step, by group
+    /// ([`GpuIndexer::memory`]).
+    pub state: StateBytes,
+    /// The outputs of the last timed step (a graph replay), on the host; only from
+    /// [`bench_shape`] (None from [`execute`] and [`execute_with_path`]).
+    pub last_output: Option<PqOutput>,
     /// Name of the GPU.
     pub device_name: String,
 }
@@ -265,6 +274,43 @@ pub fn execute_with_path(
     timed_steps: usize,
     gpu_time: bool,
 ) -> Result<Execution> {
+    let knobs = Knobs {
+        path,
+        bulk_min,
+        quant_variant,
+        keep_last: false,
+    };
+    run_steps(
+        rt,
+        cfg,
+        inputs,
+        select_variant,
+        &knobs,
+        timed_steps,
+        gpu_time,
+    )
+}
+
+/// The settings of [`run_steps`] that [`execute_with_path`] and [`bench_shape`] choose.
+struct Knobs<'a> {
+    path: SelectPath,
+    bulk_min: Option<usize>,
+    quant_variant: Option<&'a str>,
+    /// Download the last timed step's outputs ([`Execution::last_output`]).
+    keep_last: bool,
+}
+
+/// [`execute_with_path`]'s body.
+fn run_steps(
+    rt: &Arc<Runtime>,
+    cfg: &PqConfig,
+    inputs: &PqInputs,
+    select_variant: Option<&str>,
+    knobs: &Knobs<'_>,
+    timed_steps: usize,
+    gpu_time: bool,
+) -> Result<Execution> {
+    let (path, bulk_min, quant_variant) = (knobs.path, knobs.bulk_min, knobs.quant_variant);
     let sh = inputs.shape;
     let stream = rt.device().new_stream()?;
     let mut ix = GpuIndexer::new(
@@ -354,6 +400,11 @@ pub fn execute_with_path(
     } else {
         (None, None)
     };
+    let last_output = if knobs.keep_last && timed_steps > 0 {
+        Some(ix.download()?)
+    } else {
+        None
+    };
     Ok(Execution {
         output,
         graph_matches,
@@ -368,6 +419,9 @@ pub fn execute_with_path(
         index_path: first.index,
         index_companion: first.companion,
         bulk_quantize: first.bulk_quantize,
+        kind: first.kind,
+        state: ix.memory(),
+        last_output,
         device_name: rt.device().name().to_string(),
     })
 }
@@ -442,12 +496,22 @@ pub struct BenchResult {
     pub floor_bytes: u64,
     /// Select-kernel variant used.
     pub select_variant: String,
+    /// The step's kind (the same for every timed step: each repeats the first).
+    pub kind: StepKind,
+    /// Whether `pq_quant` quantized the new keys before the select kernel.
+    pub bulk_quantize: bool,
+    /// The indexer's device bytes after the timed steps, by group (bytes).
+    pub state: StateBytes,
+    /// The outputs of the last timed step (a graph replay), on the host, for a check
+    /// against the CPU reference ([`crate::pq::check()`] with the same inputs).
+    pub last_output: PqOutput,
 }
 
 /// Time `steps` steps (after a warm-up) of `inputs` in both launch modes, wall-clock and
 /// GPU time (CUDA events), rewinding the state before each so every step quantizes the
 /// same new keys (the upstream benchmark's protocol). The output of the graph step is
-/// checked against the plain step first (bit-identical).
+/// checked against the plain step first (bit-identical); the last timed step's outputs
+/// are downloaded afterwards ([`BenchResult::last_output`]).
 ///
 /// Errors: the indexer's errors; a graph/launch output mismatch.
 pub fn bench_shape(
@@ -457,7 +521,13 @@ pub fn bench_shape(
     select_variant: Option<&str>,
     steps: usize,
 ) -> Result<BenchResult> {
-    let ex = execute(rt, cfg, inputs, select_variant, steps.max(1), true)?;
+    let knobs = Knobs {
+        path: SelectPath::Auto,
+        bulk_min: None,
+        quant_variant: None,
+        keep_last: true,
+    };
+    let mut ex = run_steps(rt, cfg, inputs, select_variant, &knobs, steps.max(1), true)?;
     if !ex.graph_matches {
         return Err(Error::invalid(
             "graph replay",
@@ -473,5 +543,12 @@ pub fn bench_shape(
         graph_gpu: timed(ex.graph_gpu),
         floor_bytes: memory_floor_bytes(cfg, &inputs.shape, inputs.n_cached),
         select_variant: ex.select_kernel().to_string(),
+        kind: ex.kind,
+        bulk_quantize: ex.bulk_quantize,
+        state: ex.state,
+        last_output: ex
+            .last_output
+            .take()
+            .expect("run_steps keeps the last output when asked"),
     })
 }

@@ -12,7 +12,8 @@ use crate::pq::config::{DType, Metric, PqConfig, Shape};
 use crate::pq::graph::{GraphKey, StepGraph};
 use crate::pq::kernels::Kernels;
 use crate::pq::launch::{issue, ArgOrder, DeviceTensorRef, StepLaunches};
-use crate::pq::plan::{plan_step, PlanFacts, SelectPath, StepInfo, StepPlan};
+use crate::pq::memory::StateBytes;
+use crate::pq::plan::{plan_step, takes_index, PlanFacts, SelectPath, StepInfo, StepPlan};
 use crate::pq::reference::PqOutput;
 use crate::pq::state::{DeviceState, StepOutputs};
 use crate::runtime::Runtime;
@@ -234,6 +235,19 @@ impl GpuIndexer {
         self.path = path;
     }
 
+    /// Let [`SelectPath::Auto`] take the indexed path only while its buckets (`i32 [B*H,
+    /// 4096, capc]`, [`crate::pq::plan::index_bucket_bytes`]) take at most `bytes`
+    /// (default [`crate::pq::plan::INDEX_BUCKET_BUDGET_BYTES`], 256 MiB); above, Auto
+    /// takes `pq_hist` or split. No effect where `pq_index` is not built, nor on the
+    /// forced index paths.
+    pub fn set_index_bucket_budget(&mut self, bytes: usize) {
+        if let Some(ix) = &mut self.facts.index {
+            ix.bucket_budget = bytes;
+        }
+        // a captured step of the same key may have been planned under the old budget
+        self.graph.clear();
+    }
+
     /// Quantize a step's new keys with `pq_quant` before the select kernel when there are
     /// more than `n` of them (default [`crate::pq::plan::BULK_QUANTIZE_MIN`]); steps
     /// with a new key among the histogram path's candidates take `pq_quant` whatever
@@ -382,7 +396,7 @@ impl GpuIndexer {
         self.check_placement(query, key)?;
         let plan = self.plan(s)?;
         self.state
-            .ensure_buffers(&self.kernels, &self.arg_order, self.path, s)?;
+            .ensure_buffers(&self.kernels, &self.arg_order, plan.kind.is_index(), s)?;
         let n_old = plan.n_old;
         let launcher = StepLaunches {
             kernels: &self.kernels,
@@ -578,8 +592,25 @@ impl GpuIndexer {
     ///
     /// Errors: driver errors.
     pub fn prepare(&mut self, s: usize) -> Result<()> {
+        let st = &self.state;
+        let index = takes_index(&st.cfg, &st.shape, s, self.path, &self.facts);
         self.state
-            .ensure_buffers(&self.kernels, &self.arg_order, self.path, s)
+            .ensure_buffers(&self.kernels, &self.arg_order, index, s)
+    }
+
+    /// Every device byte this indexer allocated: codebook, codes, scratch, histograms,
+    /// the indexed path's buckets where a step took that path, and its own output
+    /// buffers (`sparse_list`, `sparse_len`, `weight_list`; the caller's buffers of
+    /// [`GpuIndexer::step_into`] are not counted). By group: [`GpuIndexer::memory`];
+    /// predicted on the CPU by [`crate::pq::memory::state_bytes_for`].
+    pub fn state_bytes(&self) -> usize {
+        self.state.bytes().total()
+    }
+
+    /// [`GpuIndexer::state_bytes`] by group of buffers (bytes; `state()` leaves the
+    /// outputs out).
+    pub fn memory(&self) -> StateBytes {
+        self.state.bytes()
     }
 }
 

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use crate::driver::Kernel;
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, PqConfig};
-use crate::pq::plan::{HistFacts, IndexFacts, PlanFacts, RangeFacts, BULK_QUANTIZE_MIN};
+use crate::pq::plan::{
+    hist_built_for, index_built_for, range_built_for, HistFacts, IndexFacts, PlanFacts, RangeFacts,
+    BULK_QUANTIZE_MIN, INDEX_BUCKET_BUDGET_BYTES,
+};
 use crate::runtime::Runtime;
 
 /// Top-k widths the select kernel is compiled for (`K_PAD`, a power of two >= heavy);
@@ -195,7 +198,7 @@ impl Kernels {
     /// Errors: a missing kernel variant or constexpr, a select variant asked for while
     /// heavy_size is above the compiled top-k widths, driver errors.
     pub fn load(rt: &Runtime, cfg: &PqConfig, select_variant: Option<&str>) -> Result<Self> {
-        let (m, k) = (cfg.m(), cfg.k_centroids());
+        let m = cfg.m();
         // heavy sizes above the largest top-k width: no chunked kernel (the plan refuses
         // the steps that would need it), unless a variant of it was asked for by name
         let select = match (select_kernel_name(cfg), select_variant) {
@@ -214,8 +217,7 @@ impl Kernels {
         };
         let qt = dt(cfg.input_dtype);
         let wt = dt(cfg.weight_dtype);
-        let combos = k.checked_pow(m as u32).unwrap_or(usize::MAX);
-        let index = if combos <= HIST_COMBOS && m <= 2 && qt == wt {
+        let index = if index_built_for(cfg) {
             // built for these configs only (kernels_triton/pq_index.py)
             match (
                 rt.default_kernel(&format!("pq_index.m2.q_{qt}.w_{wt}")),
@@ -245,7 +247,7 @@ impl Kernels {
             Ok(k) => Some(QuantKernel::new(k)?),
             Err(_) => None, // an older kernel cache: the any-layout kernel serves
         };
-        let (hist, split) = if combos <= HIST_COMBOS && m <= 4 {
+        let (hist, split) = if hist_built_for(cfg) {
             let mp = if m <= 2 { 2 } else { 4 };
             let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
             let tile = constexpr_usize(&emit, "TILE")?;
@@ -260,7 +262,7 @@ impl Kernels {
         } else {
             (None, None)
         };
-        let range = if combos > HIST_COMBOS && m <= 4 {
+        let range = if range_built_for(cfg) {
             let mp = if m <= 2 { 2 } else { 4 };
             match (
                 rt.default_kernel(&format!("pq_rlut.q_{qt}")),
@@ -308,6 +310,7 @@ impl Kernels {
             index: self.index.as_ref().map(|ik| IndexFacts {
                 wfill: ik.wfill.is_some(),
                 tp: ik.tp,
+                bucket_budget: INDEX_BUCKET_BUDGET_BYTES,
             }),
             bulk_min: BULK_QUANTIZE_MIN,
             chunked: self.select.is_some(),

@@ -11,6 +11,10 @@
 //! - [`io`]: safetensors input/output in the upstream layouts.
 //! - [`plan`]: which kernels a GPU decode step launches, as data ([`plan::plan_step`],
 //!   pure: unit-tested on the CPU).
+//! - [`memory`]: the indexer's device bytes by group ([`memory::StateBytes`]) and their
+//!   prediction from config and shape ([`memory::state_bytes_for`], pure).
+//! - [`matrix`]: the rows `tritonrt bench --matrix` times (the spec's practical,
+//!   reference and large workloads, a heavy-size sweep), as data.
 //! - [`ragged`]: ragged batches (each entry at its own length): inputs, padded outputs,
 //!   the CPU reference and the checker, built from the fixed-`S` ones per entry.
 //!
@@ -39,6 +43,8 @@ mod indexer;
 pub mod io;
 mod kernels;
 mod launch;
+pub mod matrix;
+pub mod memory;
 pub mod plan;
 pub mod prefill;
 pub mod ragged;

@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::pq::config::{PqConfig, Shape};
-use crate::pq::kernels::RANGE_ROUNDS;
+use crate::pq::kernels::{HIST_COMBOS, K_PADS, RANGE_ROUNDS};
 
 /// More new keys than this in one step are quantized by the bulk quantize kernel
 /// (`pq_quant`, tiles of keys x centroids on the tensor cores over every SM) launched
@@ -39,6 +39,45 @@ pub const AUTO_SPLIT_MIN_KEYS: usize = 16384;
 /// Quantized keys from which [`SelectPath::Auto`] takes `pq_hist` (at least
 /// [`AUTO_HIST_MIN_ROWS`] rows).
 pub const AUTO_HIST_MIN_KEYS: usize = 32768;
+
+/// The most bytes of indexed-path buckets (`i32 [B*H, 4096, capc]`, see
+/// [`index_bucket_bytes`]) for which [`SelectPath::Auto`] takes the indexed path; above
+/// it Auto takes `pq_hist` or split as it would without `pq_index` (the default of
+/// [`IndexFacts::bucket_budget`]; `GpuIndexer::set_index_bucket_budget` moves it).
+///
+/// Why 256 MiB: the large workload (B=4 H=32 S=131072, 128 rows) needs 160 MiB of
+/// buckets and is where the indexed path wins most (H100, `tritonrt run`: 44-46 us
+/// against 81.6 `pq_hist` and 84.6 split; NOTES.md, "the indexed histogram path
+/// (`pq_wfill` + `pq_index`): large target met"), so the budget keeps it with room for
+/// about 1.6 times as many row-keys (B=4 up to S of about 210k, or B=6 at 131072). Past
+/// that the buckets grow by 8 bytes per key and query head (2 GB at 1024 rows of 131k
+/// keys, per layer), while the paths Auto falls back to need no per-key state beyond the
+/// codes and were measured within 2x of it (128 rows: 80-90 us).
+pub const INDEX_BUCKET_BUDGET_BYTES: usize = 256 << 20;
+
+/// Code capacity per (batch, KV head, subvector), in keys, of a code state grown to hold
+/// `n` keys from empty: `n` rounded up to a multiple of 16, at least 16 (the indexer
+/// grows it to `max(n, 2 x old capacity)` rounded the same way).
+pub fn code_capacity(n: usize) -> usize {
+    n.max(16).div_ceil(16) * 16
+}
+
+/// The indexed path's bucket capacity `capc` (key positions per combination per row)
+/// for a code capacity of `cap` keys: twice a uniform share of the keys per combination,
+/// plus 16 (`2 cdiv(cap, 4096) + 16`). A row whose taken combinations hold more keys
+/// falls back to a pass over its codes, still exact.
+pub fn bucket_capacity(cap: usize) -> usize {
+    2 * cap.div_ceil(HIST_COMBOS) + 16
+}
+
+/// Bytes of the indexed path's buckets, `i32 [rows, 4096, capc]` with `capc =`
+/// [`bucket_capacity`]`(cap)`, for `rows = B*H` and a code capacity of `cap` keys (the
+/// large workload: 128 rows, cap 130944, capc 80: 167 772 160 bytes).
+pub fn index_bucket_bytes(rows: usize, cap: usize) -> usize {
+    rows.saturating_mul(HIST_COMBOS)
+        .saturating_mul(bucket_capacity(cap))
+        .saturating_mul(4)
+}
 
 /// Which select kernel a (non-short) step uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -97,7 +136,8 @@ impl SelectPath {
     /// `pq_index`): large target met", `tritonrt run`: large workload 46.1 us against
     /// 81.6 pq_hist and 84.6 split; reference 24.2-24.7 against 25.4-25.6 split; S = 8192:
     /// 24.5 us in the JIT harness against 31.6 for pq_select's default variant). The
-    /// indexer sizes the indexed path's buckets only for these paths.
+    /// indexer allocates the indexed path's buckets only for steps that take it
+    /// ([`takes_index`]), which needs one of these paths.
     pub fn wants_index(self) -> bool {
         matches!(
             self,
@@ -127,6 +167,10 @@ pub struct IndexFacts {
     /// `pq_index`'s `TP`: the most keys a row gathers from its buckets. A row with more
     /// heavy picks than this falls back to a pass over its codes in the same CTA.
     pub tp: usize,
+    /// The most bytes of buckets ([`index_bucket_bytes`] at the step's `n`) for which
+    /// [`SelectPath::Auto`] takes the indexed path ([`INDEX_BUCKET_BUDGET_BYTES`] by
+    /// default). The forced index paths ignore it.
+    pub bucket_budget: usize,
 }
 
 /// The radix-select split path's kernels built for a config (`pq_rlut`, `pq_rround`,
@@ -159,6 +203,66 @@ pub struct PlanFacts {
     /// The radix-select split path's kernels, where built (configs the combination
     /// histogram does not take: `K^M > 4096`, `M <= 4`).
     pub range: Option<RangeFacts>,
+}
+
+/// `pq_emit`'s `TILE` in the shipped kernel set's sm_90 defaults (`ptx_cache/manifest.json`;
+/// `tests/pq_memory.rs` checks it), for [`PlanFacts::shipped_sm90`].
+pub const SHIPPED_EMIT_TILE: usize = 4096;
+/// `pq_index`'s `TP` in the shipped kernel set (checked as [`SHIPPED_EMIT_TILE`]).
+pub const SHIPPED_INDEX_TP: usize = 256;
+
+/// Whether the histogram family (`pq_hist`, `pq_thresh`, `pq_emit`) is built for `cfg`:
+/// `K^M <=` [`HIST_COMBOS`] and `M <= 4`.
+pub fn hist_built_for(cfg: &PqConfig) -> bool {
+    let combos = cfg.k_centroids().checked_pow(cfg.m() as u32);
+    combos.is_some_and(|c| c <= HIST_COMBOS) && cfg.m() <= 4
+}
+
+/// Whether the radix-select split path (`pq_rlut`, `pq_rround`, `pq_emit`) is built for
+/// `cfg`: where the histogram family is not ([`hist_built_for`]) and `M <= 4`.
+pub fn range_built_for(cfg: &PqConfig) -> bool {
+    !hist_built_for(cfg) && cfg.m() <= 4
+}
+
+/// `pq_rround`'s `TILE` in the shipped kernel set's sm_90 defaults (checked as
+/// [`SHIPPED_EMIT_TILE`]).
+pub const SHIPPED_ROUND_TILE: usize = 4096;
+
+/// Whether the indexed path (`pq_index`) is built for `cfg` (kernels_triton/pq_index.py):
+/// the histogram family is ([`hist_built_for`]), `M <= 2` and the query dtype is the
+/// weight dtype.
+pub fn index_built_for(cfg: &PqConfig) -> bool {
+    hist_built_for(cfg) && cfg.m() <= 2 && cfg.input_dtype == cfg.weight_dtype
+}
+
+impl PlanFacts {
+    /// The facts an indexer for `cfg` has on an sm_90 GPU of `sm_count` SMs with the
+    /// shipped kernel set's defaults: the histogram family where [`hist_built_for`]
+    /// (`TILE` [`SHIPPED_EMIT_TILE`]), `pq_index` with `pq_wfill` where
+    /// [`index_built_for`] (`TP` [`SHIPPED_INDEX_TP`], budget
+    /// [`INDEX_BUCKET_BUDGET_BYTES`]), the chunked kernel where `heavy_size` is at most
+    /// 512, [`BULK_QUANTIZE_MIN`]. For planning and sizing on the CPU (tests, the bench
+    /// matrix's definition); a live indexer reads its facts from the kernels it loaded
+    /// (`GpuIndexer::plan_facts`).
+    pub fn shipped_sm90(cfg: &PqConfig, sm_count: u32) -> PlanFacts {
+        PlanFacts {
+            sm_count,
+            hist: hist_built_for(cfg).then_some(HistFacts {
+                emit_tile: SHIPPED_EMIT_TILE,
+            }),
+            index: index_built_for(cfg).then_some(IndexFacts {
+                wfill: true,
+                tp: SHIPPED_INDEX_TP,
+                bucket_budget: INDEX_BUCKET_BUDGET_BYTES,
+            }),
+            bulk_min: BULK_QUANTIZE_MIN,
+            chunked: cfg.heavy_size <= K_PADS[K_PADS.len() - 1],
+            range: range_built_for(cfg).then_some(RangeFacts {
+                emit_tile: SHIPPED_EMIT_TILE,
+                level_tile: SHIPPED_ROUND_TILE,
+            }),
+        }
+    }
 }
 
 /// What one decode step launches, in order.
@@ -231,6 +335,21 @@ impl StepKind {
             StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion
         )
     }
+
+    /// A short name for reports and JSON: `short`, `chunked`, `hist`, `split`,
+    /// `radix-split`, `index-wfill`, `index-rowfill`, `index-companion`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StepKind::Short => "short",
+            StepKind::Chunked => "chunked",
+            StepKind::Hist => "hist",
+            StepKind::Split { .. } => "split",
+            StepKind::Range { .. } => "radix-split",
+            StepKind::IndexWfill => "index-wfill",
+            StepKind::IndexRowFill => "index-rowfill",
+            StepKind::IndexCompanion => "index-companion",
+        }
+    }
 }
 
 /// One decode step, planned: what it launches and the counts the launches use.
@@ -262,8 +381,10 @@ pub struct StepPlan {
 /// the histogram kernels' companion CTAs write codes the row CTAs would read); the
 /// histogram path applies where `facts.hist` is built (any number of new keys); the
 /// indexed form where also
-/// `facts.index` is built, `path.wants_index()` and `B*H*S` fits an i32 (its weight fill
-/// as [`SelectPath::Index`] describes); else `pq_hist` or split as `path` asks
+/// `facts.index` is built, `path.wants_index()` and `B*H*S` fits an i32, and under
+/// [`SelectPath::Auto`] at most `TP / 2` heavy picks and buckets within
+/// [`IndexFacts::bucket_budget`] ([`takes_index`]; its weight fill as
+/// [`SelectPath::Index`] describes); else `pq_hist` or split as `path` asks
 /// ([`SelectPath::Auto`]: split for fewer than [`AUTO_HIST_MIN_ROWS`] rows of at least
 /// [`AUTO_SPLIT_MIN_KEYS`] keys where split applies, `pq_hist` for at least
 /// [`AUTO_HIST_MIN_ROWS`] rows of at least [`AUTO_HIST_MIN_KEYS`] keys); else chunked.
@@ -347,6 +468,28 @@ pub fn plan_step(
     })
 }
 
+/// Whether a step at `s` under `path` takes the indexed path (`pq_index`), i.e. whether
+/// [`plan_step`] plans one of the `Index*` kinds for it (the same rule; `n_old` does not
+/// enter it). The indexer allocates the indexed path's buffers (buckets `i32 [B*H, 4096,
+/// capc]`, their counts, marks and arrival counters) only for such steps. Pure.
+///
+/// False on the short path, where `facts.hist` or `facts.index` is not built (`K^M >
+/// 4096`, `M > 2`, query dtype != weight dtype: the kernel set has no `pq_index` for the
+/// config), under paths that do not want it, where `B*H*S >= 2^31`, and under
+/// [`SelectPath::Auto`] with more heavy picks than `TP / 2` (any practical workload:
+/// heavy 3020 or 12851 against 128) or buckets over [`IndexFacts::bucket_budget`].
+pub fn takes_index(
+    cfg: &PqConfig,
+    shape: &Shape,
+    s: usize,
+    path: SelectPath,
+    facts: &PlanFacts,
+) -> bool {
+    s > 0
+        && !cfg.is_short(s)
+        && hist_kind(cfg, shape, s, path, facts).is_some_and(StepKind::is_index)
+}
+
 /// The histogram path's kind for a long-path step, None where it is not built or `path`
 /// declines it (any number of new keys: `plan_step` quantizes them first where needed).
 fn hist_kind(
@@ -381,11 +524,16 @@ fn hist_kind(
     // 44.4; H200 heavy 256 index 49.3, heavy 257 split 25.9; B=4 S=131072 heavy 12851:
     // split 89.9, pq_hist 104.6, index 145.0
     let many_picks = facts.index.is_some_and(|ix| cfg.heavy_k(s) > ix.tp / 2);
+    // buckets past the budget: Auto takes what it would without pq_index (see
+    // INDEX_BUCKET_BUDGET_BYTES for the number and why)
+    let over_budget = facts
+        .index
+        .is_some_and(|ix| index_bucket_bytes(rows, code_capacity(n)) > ix.bucket_budget);
     if let Some(ix) = facts.index {
         // pq_wfill indexes the flat weight_list in i32
         if path.wants_index()
             && i32::try_from(rows * s).is_ok()
-            && !(path == SelectPath::Auto && many_picks)
+            && !(path == SelectPath::Auto && (many_picks || over_budget))
         {
             let companion = match path {
                 SelectPath::IndexCompanion => true,

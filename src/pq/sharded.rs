@@ -23,6 +23,7 @@ use crate::pq::config::{PqConfig, Shape};
 use crate::pq::harness::{DeviceInputs, StepTiming};
 use crate::pq::indexer::{GpuIndexer, LaunchMode};
 use crate::pq::launch::DeviceTensorRef;
+use crate::pq::memory::StateBytes;
 use crate::pq::plan::{SelectPath, StepInfo};
 use crate::pq::reference::PqOutput;
 use crate::pq::shard_plan::ShardPlan;
@@ -282,6 +283,19 @@ impl ShardedIndexer {
     /// Forget quantized keys past `n` on every shard (see [`GpuIndexer::rewind`]).
     pub fn rewind(&mut self, n: usize) {
         self.shards.iter_mut().for_each(|s| s.rewind(n));
+    }
+
+    /// Every device byte the shards allocated, summed over the devices (see
+    /// [`GpuIndexer::state_bytes`]; each device holds its own shard's).
+    pub fn state_bytes(&self) -> usize {
+        self.shards.iter().map(GpuIndexer::state_bytes).sum()
+    }
+
+    /// [`ShardedIndexer::state_bytes`] by group of buffers, summed over the shards.
+    pub fn memory(&self) -> StateBytes {
+        self.shards
+            .iter()
+            .fold(StateBytes::default(), |acc, ix| acc.add(&ix.memory()))
     }
 
     /// Allocate every shard's buffers for a step at `s` (see [`GpuIndexer::prepare`]).

@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 use crate::pq::config::{PqConfig, Shape};
 use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS, RANGE_BINS};
 use crate::pq::launch::{i32_arg, ArgOrder};
-use crate::pq::plan::SelectPath;
+use crate::pq::memory::StateBytes;
+use crate::pq::plan::{bucket_capacity, code_capacity};
 
 /// Output buffers a caller provides for a step ([`crate::pq::gpu::GpuIndexer::step_into`]):
 /// `sparse_list` `i64 [B, H, total]`, `sparse_len` `i64 [B, H]`, `weight_list`
@@ -78,9 +79,11 @@ pub(crate) struct DeviceState {
     /// combination's keys past `capc` are not kept and its rows fall back to a pass over
     /// the codes), the gather's start marks `i32 [B*H, TP]` and the rows' companion-fill
     /// arrival counters `i32 [B*H]` (both kept zero by the kernel).
-    /// Counts zero-filled at creation, on import and when `capc` changes. The buckets
+    /// Counts zero-filled when made, on import and when `capc` changes. The buckets
     /// take `B*H x 4096 x capc x 4` bytes, `capc = 2 cdiv(cap, 4096) + 16` (large
-    /// workload: 128 rows, cap 130944: 168 MB), allocated only when the path is chosen.
+    /// workload: 128 rows, cap 130944: 168 MB). All five are allocated by the first step
+    /// that takes the indexed path (`plan::takes_index`), never for a config or shape
+    /// whose steps do not.
     pub ihist: DevBuf<i32>,
     pub ihistn: DevBuf<i32>,
     pub bkt: DevBuf<i32>,
@@ -107,7 +110,8 @@ pub(crate) struct DeviceState {
 impl DeviceState {
     /// Take `centroids` and `phi` (on the device, lengths already checked) and allocate the buffers
     /// whose size does not depend on `S`, zero-filled: the counters, and the histogram
-    /// and indexed paths' counts where their kernels are built.
+    /// path's counts where its kernels are built (the indexed path's come with the first
+    /// step that takes it: [`DeviceState::ensure_buffers`]).
     ///
     /// Errors: driver errors.
     pub fn new(
@@ -184,14 +188,7 @@ impl DeviceState {
             me.rhist.ensure(&st, rows * RANGE_BINS)?;
             me.rtick.ensure(&st, rows)?;
         }
-        if let Some(ik) = &kernels.index {
-            let tp = ik.tp;
-            me.ihist.ensure(&st, rows * HIST_COMBOS)?;
-            me.ihistn.ensure(&st, rows)?;
-            me.mark.ensure(&st, rows * tp)?;
-            // zero-filled: no row's companion has arrived
-            me.ready.ensure(&st, rows)?;
-        }
+        // the indexed path's buffers come with its first step (ensure_buffers)
         Ok(me)
     }
 
@@ -232,7 +229,7 @@ impl DeviceState {
         if n <= self.cap {
             return Ok(());
         }
-        let new_cap = n.max(self.cap * 2).max(16).div_ceil(16) * 16;
+        let new_cap = code_capacity(n.max(self.cap * 2));
         let (b, h_kv, m) = (self.shape.b, self.shape.h_kv, self.cfg.m());
         let mut next: DevBuf<u8> = DevBuf::new();
         next.ensure(&self.stream, b * h_kv * m * new_cap)?;
@@ -386,14 +383,15 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Make sure every buffer a step at `s` under `path` needs exists (allocation
-    /// happens here, never inside a captured or steady-state step once sizes stop
-    /// growing).
+    /// Make sure every buffer a step at `s` needs exists, the indexed path's (buckets,
+    /// their counts, marks, arrival counters) only when `index` (the step takes it:
+    /// [`crate::pq::plan::takes_index`]). Allocation happens here, never inside a
+    /// captured or steady-state step once sizes stop growing.
     pub fn ensure_buffers(
         &mut self,
         kernels: &Kernels,
         order: &ArgOrder,
-        path: SelectPath,
+        index: bool,
         s: usize,
     ) -> Result<()> {
         let st = self.stream.clone();
@@ -425,11 +423,17 @@ impl DeviceState {
                 self.split_flag
                     .ensure(&st, rows * n.div_ceil(rk.emit_tile))?;
             }
-            if kernels.index.is_some() && path.wants_index() {
+            if let (Some(ik), true) = (&kernels.index, index) {
+                // zero-filled when first made: counts of no key, no row's companion
+                // arrived, marks clear
+                self.ihist.ensure(&st, rows * HIST_COMBOS)?;
+                self.ihistn.ensure(&st, rows)?;
+                self.mark.ensure(&st, rows * ik.tp)?;
+                self.ready.ensure(&st, rows)?;
                 // buckets sized from the code capacity: twice a uniform share of the
                 // keys per combination, plus 16 (rows whose taken combinations hold more
                 // fall back to a pass over their codes, still exact)
-                let capc = 2 * self.cap.div_ceil(HIST_COMBOS) + 16;
+                let capc = bucket_capacity(self.cap);
                 if capc != self.capc {
                     self.bkt.ensure(&st, rows * HIST_COMBOS * capc)?;
                     self.capc = capc;
@@ -439,6 +443,33 @@ impl DeviceState {
             }
         }
         Ok(())
+    }
+
+    /// The bytes of every device buffer this state allocated, by group (see
+    /// [`StateBytes`]; temporaries of an import or a growth are freed and not counted).
+    pub fn bytes(&self) -> StateBytes {
+        fn b<T>(d: &DevBuf<T>) -> usize {
+            d.len() * std::mem::size_of::<T>()
+        }
+        StateBytes {
+            codebook: (self._centroids.len() + self._phi.len()) * 4,
+            codes: b(&self.codes) + b(&self.bad_codes),
+            select: b(&self.lut) + b(&self.stage) + b(&self.cand) + b(&self.count),
+            hist: b(&self.hist)
+                + b(&self.histn)
+                + b(&self.hist_lvl)
+                + b(&self.hist_lut)
+                + b(&self.split_bnd)
+                + b(&self.split_need)
+                + b(&self.split_flag)
+                + b(&self.split_ctr)
+                + b(&self.rst)
+                + b(&self.rhist)
+                + b(&self.rtick),
+            index: b(&self.ihist) + b(&self.ihistn) + b(&self.mark) + b(&self.ready),
+            buckets: b(&self.bkt),
+            outputs: b(&self.sparse_list) + b(&self.sparse_len) + b(&self.weight),
+        }
     }
 
     /// Every buffer address and capacity a captured step depends on.
