@@ -17,7 +17,9 @@ use std::sync::Arc;
 use tritonrt::pq::gpu::{
     execute_with_path, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
 };
-use tritonrt::pq::{check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape};
+use tritonrt::pq::{
+    check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape, Size,
+};
 use tritonrt::runtime::Runtime;
 
 fn runtime() -> Option<Arc<Runtime>> {
@@ -49,7 +51,7 @@ fn sh(b: usize, h: usize, h_kv: usize, s: usize, d: usize) -> Shape {
 
 fn cases() -> Vec<Case> {
     let r = base();
-    let thr = r.short_threshold();
+    let thr = r.short_threshold(0); // count sizes: the same at every S
     let c = |name, cfg, shape| Case {
         name,
         cfg,
@@ -114,7 +116,7 @@ fn cases() -> Vec<Case> {
             "init_offset < sink",
             PqConfig {
                 init_offset: 16,
-                sink_size: 64,
+                sink_size: Size::Count(64),
                 ..r
             },
             sh(1, 8, 8, 3000, 128),
@@ -130,7 +132,7 @@ fn cases() -> Vec<Case> {
         c(
             "heavy 256",
             PqConfig {
-                heavy_size: 256,
+                heavy_size: Size::Count(256),
                 ..r
             },
             sh(1, 16, 16, 20000, 128),
@@ -138,7 +140,7 @@ fn cases() -> Vec<Case> {
         c(
             "heavy 500",
             PqConfig {
-                heavy_size: 500,
+                heavy_size: Size::Count(500),
                 ..r
             },
             sh(1, 8, 8, 20000, 128),
@@ -146,9 +148,9 @@ fn cases() -> Vec<Case> {
         c(
             "heavy 64, sink 4, window 32",
             PqConfig {
-                heavy_size: 64,
-                sink_size: 4,
-                window_size: 32,
+                heavy_size: Size::Count(64),
+                sink_size: Size::Count(4),
+                window_size: Size::Count(32),
                 ..r
             },
             sh(1, 8, 8, 10000, 128),
@@ -784,7 +786,7 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
     let r = base();
     let shape = sh(1, 8, 4, 6000, 128);
     let cfg = PqConfig {
-        heavy_size: 128,
+        heavy_size: Size::Count(128),
         ..r
     };
     let (k, ds, dc, mm) = (
@@ -875,7 +877,7 @@ fn gpu_heavy_above_512_on_the_histogram_family() {
     let shape = sh(1, 8, 2, 12000, 128);
     for (i, heavy) in [513usize, 1024, 3020, 8000].into_iter().enumerate() {
         let cfg = PqConfig {
-            heavy_size: heavy,
+            heavy_size: Size::Count(heavy),
             input_dtype: DType::BF16,
             weight_dtype: DType::BF16,
             ..base()

@@ -8,7 +8,7 @@ use tritonrt::pq::plan::{
     AUTO_HIST_MIN_KEYS, AUTO_HIST_MIN_ROWS, AUTO_SPLIT_MIN_KEYS, BULK_QUANTIZE_MIN,
     COMPANION_FILL_MAX_BYTES,
 };
-use tritonrt::pq::{DType, PqConfig, Shape};
+use tritonrt::pq::{DType, PqConfig, Shape, Size};
 use tritonrt::Error;
 
 /// `pq_emit`'s TILE in these tests.
@@ -46,7 +46,7 @@ fn sm90(sms: u32) -> PlanFacts {
             tp: TP,
         }),
         bulk_min: BULK_QUANTIZE_MIN,
-        chunked: true,
+        chunked: Some(512),
     }
 }
 
@@ -114,7 +114,7 @@ const ALL_PATHS: [SelectPath; 7] = [
 #[test]
 fn short_path_up_to_the_threshold() {
     let cfg = rcfg();
-    let th = cfg.short_threshold();
+    let th = cfg.short_threshold(0); // count sizes: the same at every S
     assert_eq!(th, 128 + 128 + 1 + 64);
     for path in ALL_PATHS {
         for s in [1, 100, th - 1, th] {
@@ -222,7 +222,7 @@ fn histogram_path_takes_any_number_of_new_keys_quantized_first_beyond_the_minimu
     // a window narrower than the new keys: some new key is a candidate (w0 > n_old),
     // quantized first even below the minimum
     let narrow = PqConfig {
-        window_size: 4,
+        window_size: Size::Count(4),
         ..rcfg()
     };
     let f = sm90(H100_SMS);
@@ -271,15 +271,15 @@ fn split_where_every_heavy_pick_lies_between_sink_and_window() {
     }
     // each precondition broken in turn: pq_hist instead
     let sink_past_offset = PqConfig {
-        sink_size: 256,
+        sink_size: Size::Count(256),
         ..rcfg()
     };
     let window_past_offset = PqConfig {
-        window_size: 100_000,
+        window_size: Size::Count(100_000),
         ..rcfg()
     };
     let heavy_in_window = PqConfig {
-        window_size: 800,
+        window_size: Size::Count(800),
         ..rcfg()
     };
     for (c, s) in [
@@ -339,7 +339,7 @@ fn auto_without_the_indexed_path_by_rows_and_keys() {
     assert_eq!(auto(128, 131072 - 128), StepKind::Hist);
     // few rows where split does not apply: chunked, never pq_hist
     let no_split = PqConfig {
-        sink_size: 256,
+        sink_size: Size::Count(256),
         ..rcfg()
     };
     assert_eq!(
@@ -574,7 +574,7 @@ fn launch_counts_and_flags_of_every_kind() {
 #[test]
 fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
     let big = |heavy_size, pq_bits| PqConfig {
-        heavy_size,
+        heavy_size: Size::Count(heavy_size),
         pq_bits,
         input_dtype: tritonrt::pq::DType::BF16,
         weight_dtype: tritonrt::pq::DType::BF16,
@@ -588,7 +588,7 @@ fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
         d: 128,
     };
     let facts = PlanFacts {
-        chunked: false,
+        chunked: None,
         ..sm90(H100_SMS)
     };
     let s = 32768;
@@ -662,7 +662,7 @@ fn heavy_up_to_tp_stays_indexed() {
     };
     for heavy in [100, TP / 2] {
         let cfg = PqConfig {
-            heavy_size: heavy,
+            heavy_size: Size::Count(heavy),
             ..PqConfig::reference_workload()
         };
         let s = 32768;
@@ -678,7 +678,7 @@ fn heavy_up_to_tp_stays_indexed() {
         assert!(k.is_index(), "heavy {heavy}: {k:?}");
     }
     let cfg = PqConfig {
-        heavy_size: TP / 2 + 1,
+        heavy_size: Size::Count(TP / 2 + 1),
         ..PqConfig::reference_workload()
     };
     let k = plan(
@@ -700,7 +700,7 @@ fn heavy_up_to_tp_stays_indexed() {
 fn no_hist_chunkless() -> PlanFacts {
     PlanFacts {
         hist: None,
-        chunked: false,
+        chunked: None,
         ..sm90(H100_SMS)
     }
 }
