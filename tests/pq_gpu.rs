@@ -458,6 +458,36 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
     assert!(report.passed(), "{report}");
 }
 
+/// A ratio heavy size (spec "Sizes given as ratios") over a graph-replayed decode loop:
+/// heavy = floor(0.05 S) moves from 415 to 416 at S = 8320, so the captured nodes are
+/// updated in place with the new size (and the longer sparse_list); every step reports
+/// its own total and the last one matches the CPU reference. The chunked kernel is the
+/// one for heavy at the capacity S = 8330 (K_PAD 512).
+#[test]
+fn gpu_ratio_heavy_decode_loop_resolves_each_step() {
+    let Some(rt) = runtime() else { return };
+    let cfg = PqConfig {
+        heavy_size: Size::Ratio(0.05),
+        ..base()
+    };
+    let (s0, s1) = (8310, 8330);
+    let shape = sh(1, 8, 4, s1, 128);
+    for path in [SelectPath::Chunked, SelectPath::Auto] {
+        let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), path);
+        assert!(
+            ix.select_variant().contains("h512"),
+            "{}",
+            ix.select_variant()
+        );
+        for (s, info) in (s0..=s1).zip(&infos) {
+            assert_eq!(info.total, 128 + s / 20 + 128, "{path:?} S={s}");
+        }
+        let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
+        eprintln!("ratio heavy 0.05, {path:?}, S={s0}..={s1}: [{report}]");
+        assert!(report.passed(), "{path:?}: {report}");
+    }
+}
+
 #[test]
 fn gpu_hist_path_decode_loop_and_reimport() {
     hist_loop_and_reimport(SelectPath::Hist, "histogram", |i| {
