@@ -13,7 +13,9 @@ Used as the oracle of `compare_outputs.py`, as the PyTorch-eager baseline of
 
 (tensors `query`, `key`, `pq_centroids`, `pq_codebook`, optional `pq_ip2l2_phi`; the
 config from `__metadata__`: sink_size, window_size, heavy_size, init_offset,
-pq_group_factor, pq_bits, metric, optional weight_dtype).
+pq_group_factor, pq_bits, metric, optional weight_dtype). sink_size, window_size and
+heavy_size may be ratios of S, written with a decimal point ("0.1": int(0.1 * S), as
+upstream; spec "Sizes given as ratios").
 """
 
 import sys
@@ -51,6 +53,10 @@ def indexer_step(query, key, centroids, codebook, phi=None, *, sink_size, window
     dev = query.device
     wdt = weight_dtype or query.dtype
     n_cached = codebook.shape[1]
+
+    # sizes given as ratios of S (floats) resolve at this S, as upstream: int(value * S)
+    sink_size, window_size, heavy_size = (
+        int(v * S) if isinstance(v, float) else int(v) for v in (sink_size, window_size, heavy_size))
 
     # 0. short sequences: everything
     if S <= heavy_size + init_offset + 1 + K:
@@ -109,7 +115,11 @@ def main(argv):
     with safe_open(argv[1], "pt", device=dev) as f:
         meta = f.metadata() or {}
         t = {k: f.get_tensor(k) for k in f.keys()}
-    cfg = {k: int(meta[k]) for k in ("sink_size", "window_size", "heavy_size", "init_offset")}
+    def size(v):  # "0.1" (a decimal point or an exponent) is a ratio of S, "128" a count
+        return float(v) if any(c in v for c in ".eE") else int(v)
+
+    cfg = {k: size(meta[k]) for k in ("sink_size", "window_size", "heavy_size")}
+    cfg["init_offset"] = int(meta["init_offset"])
     wd = _DTYPES.get(meta.get("weight_dtype", ""), None)
     sl, ln, w, cb = indexer_step(t["query"], t["key"], t["pq_centroids"], t["pq_codebook"],
                                  t.get("pq_ip2l2_phi"), metric=meta.get("metric", "euclidean"),

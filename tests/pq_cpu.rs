@@ -10,7 +10,8 @@ use tritonrt::pq::check::{check_with, CheckMode, CheckOptions, ViolationKind};
 use tritonrt::pq::io::{read_inputs, read_outputs, write_inputs, write_outputs};
 use tritonrt::pq::reference::{quantize_key, subvector_distance};
 use tritonrt::pq::{
-    check, check_exact, step, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput, Shape,
+    check, check_exact, step, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput,
+    Shape, Size,
 };
 
 // ----------------------------------------------------------------------------------
@@ -27,9 +28,9 @@ fn cfg(
     metric: Metric,
 ) -> PqConfig {
     PqConfig {
-        sink_size: sink,
-        window_size: window,
-        heavy_size: heavy,
+        sink_size: Size::Count(sink),
+        window_size: Size::Count(window),
+        heavy_size: Size::Count(heavy),
         init_offset,
         pq_group_factor: m,
         pq_bits: bits,
@@ -64,7 +65,13 @@ fn naive(cfg: &PqConfig, x: &PqInputs) -> (Vec<Vec<i64>>, Vec<i64>, usize) {
         cfg.d_c(sh.d),
     );
     let g_of = |h: usize| h / (sh.h / sh.h_kv);
-    let short = sh.s <= cfg.heavy_size + cfg.init_offset + 1 + k_;
+    // the sizes at this S (counts in these tests' configs)
+    let (sink_n, win_n, heavy_n) = (
+        cfg.sink_size.resolve(sh.s),
+        cfg.window_size.resolve(sh.s),
+        cfg.heavy_size.resolve(sh.s),
+    );
+    let short = sh.s <= heavy_n + cfg.init_offset + 1 + k_;
     if short {
         let rows = (0..sh.b * sh.h)
             .map(|_| (0..sh.s as i64).collect())
@@ -111,10 +118,10 @@ fn naive(cfg: &PqConfig, x: &PqInputs) -> (Vec<Vec<i64>>, Vec<i64>, usize) {
             }
         }
     }
-    let sink = cfg.sink_size.min(sh.s);
-    let win = cfg.window_size.min(sh.s);
+    let sink = sink_n.min(sh.s);
+    let win = win_n.min(sh.s);
     let w0 = (sh.s as i64 - win as i64 - cfg.init_offset as i64).max(0) as usize;
-    let k = cfg.heavy_size.min(n);
+    let k = heavy_n.min(n);
     let mut rows = Vec::new();
     for b in 0..sh.b {
         for h in 0..sh.h {
@@ -383,7 +390,7 @@ fn hand_case_fill_when_fewer_candidates_than_heavy() {
         s: 12,
         d: 1,
     };
-    assert_eq!(c.short_threshold(), 11);
+    assert_eq!(c.short_threshold(12), 11);
     assert!(!c.is_short(12) && c.is_short(11));
     let x = PqInputs {
         shape,
@@ -421,7 +428,7 @@ fn hand_case_fill_when_fewer_candidates_than_heavy() {
 #[test]
 fn short_path_at_and_around_the_threshold() {
     let c = cfg(3, 3, 4, 5, 2, 2, Metric::Euclidean); // threshold 4+5+1+4 = 14
-    assert_eq!(c.short_threshold(), 14);
+    assert_eq!(c.short_threshold(14), 14);
     for (s, short) in [
         (1, true),
         (5, true),
@@ -508,7 +515,7 @@ fn reference_matches_naive_on_varied_random_inputs() {
         // init_offset < sink (duplicates) with ip.
         Case {
             c: PqConfig {
-                sink_size: 20,
+                sink_size: Size::Count(20),
                 init_offset: 4,
                 metric: Metric::Ip,
                 ..base
@@ -1153,10 +1160,10 @@ fn bad_input_files_name_the_tensor_and_the_expectation() {
         "{e}"
     );
     let over = PqConfigOverrides {
-        sink_size: Some(3),
+        sink_size: Some(Size::Count(3)),
         ..Default::default()
     };
-    assert_eq!(read_inputs(&p, &over).unwrap().0.sink_size, 3);
+    assert_eq!(read_inputs(&p, &over).unwrap().0.sink_size, Size::Count(3));
     let mut meta = META;
     meta[1] = ("window_size", "eight");
     write_raw(&p, &good_tensors(), &meta);
@@ -1544,9 +1551,9 @@ fn reference_quantizes_nonfinite_keys_to_the_lowest_non_nan_code() {
 #[test]
 fn checker_ranks_nan_scores_last() {
     let cfg = PqConfig {
-        heavy_size: 16,
-        sink_size: 4,
-        window_size: 8,
+        heavy_size: Size::Count(16),
+        sink_size: Size::Count(4),
+        window_size: Size::Count(8),
         init_offset: 4,
         ..PqConfig::reference_workload()
     };

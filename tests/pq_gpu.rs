@@ -17,7 +17,9 @@ use std::sync::Arc;
 use tritonrt::pq::gpu::{
     execute_with_path, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
 };
-use tritonrt::pq::{check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape};
+use tritonrt::pq::{
+    check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape, Size,
+};
 use tritonrt::runtime::Runtime;
 
 fn runtime() -> Option<Arc<Runtime>> {
@@ -49,7 +51,7 @@ fn sh(b: usize, h: usize, h_kv: usize, s: usize, d: usize) -> Shape {
 
 fn cases() -> Vec<Case> {
     let r = base();
-    let thr = r.short_threshold();
+    let thr = r.short_threshold(0); // count sizes: the same at every S
     let c = |name, cfg, shape| Case {
         name,
         cfg,
@@ -114,7 +116,7 @@ fn cases() -> Vec<Case> {
             "init_offset < sink",
             PqConfig {
                 init_offset: 16,
-                sink_size: 64,
+                sink_size: Size::Count(64),
                 ..r
             },
             sh(1, 8, 8, 3000, 128),
@@ -130,7 +132,7 @@ fn cases() -> Vec<Case> {
         c(
             "heavy 256",
             PqConfig {
-                heavy_size: 256,
+                heavy_size: Size::Count(256),
                 ..r
             },
             sh(1, 16, 16, 20000, 128),
@@ -138,7 +140,7 @@ fn cases() -> Vec<Case> {
         c(
             "heavy 500",
             PqConfig {
-                heavy_size: 500,
+                heavy_size: Size::Count(500),
                 ..r
             },
             sh(1, 8, 8, 20000, 128),
@@ -146,9 +148,9 @@ fn cases() -> Vec<Case> {
         c(
             "heavy 64, sink 4, window 32",
             PqConfig {
-                heavy_size: 64,
-                sink_size: 4,
-                window_size: 32,
+                heavy_size: Size::Count(64),
+                sink_size: Size::Count(4),
+                window_size: Size::Count(32),
                 ..r
             },
             sh(1, 8, 8, 10000, 128),
@@ -454,6 +456,36 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
         s1 - s0 + 1
     );
     assert!(report.passed(), "{report}");
+}
+
+/// A ratio heavy size (spec "Sizes given as ratios") over a graph-replayed decode loop:
+/// heavy = floor(0.05 S) moves from 415 to 416 at S = 8320, so the captured nodes are
+/// updated in place with the new size (and the longer sparse_list); every step reports
+/// its own total and the last one matches the CPU reference. The chunked kernel is the
+/// one for heavy at the capacity S = 8330 (K_PAD 512).
+#[test]
+fn gpu_ratio_heavy_decode_loop_resolves_each_step() {
+    let Some(rt) = runtime() else { return };
+    let cfg = PqConfig {
+        heavy_size: Size::Ratio(0.05),
+        ..base()
+    };
+    let (s0, s1) = (8310, 8330);
+    let shape = sh(1, 8, 4, s1, 128);
+    for path in [SelectPath::Chunked, SelectPath::Auto] {
+        let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), path);
+        assert!(
+            ix.select_variant().contains("h512"),
+            "{}",
+            ix.select_variant()
+        );
+        for (s, info) in (s0..=s1).zip(&infos) {
+            assert_eq!(info.total, 128 + s / 20 + 128, "{path:?} S={s}");
+        }
+        let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
+        eprintln!("ratio heavy 0.05, {path:?}, S={s0}..={s1}: [{report}]");
+        assert!(report.passed(), "{path:?}: {report}");
+    }
 }
 
 #[test]
@@ -785,7 +817,7 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
     let r = base();
     let shape = sh(1, 8, 4, 6000, 128);
     let cfg = PqConfig {
-        heavy_size: 128,
+        heavy_size: Size::Count(128),
         ..r
     };
     let (k, ds, dc, mm) = (
@@ -876,7 +908,7 @@ fn gpu_heavy_above_512_on_the_histogram_family() {
     let shape = sh(1, 8, 2, 12000, 128);
     for (i, heavy) in [513usize, 1024, 3020, 8000].into_iter().enumerate() {
         let cfg = PqConfig {
-            heavy_size: heavy,
+            heavy_size: Size::Count(heavy),
             input_dtype: DType::BF16,
             weight_dtype: DType::BF16,
             ..base()
@@ -986,7 +1018,7 @@ fn gpu_many_combinations_take_the_radix_select() {
     for (ci, (m, bits, dt, metric, shape)) in cases.into_iter().enumerate() {
         for heavy in [0usize, 1, 127, 128, 129, 513, 1200] {
             let cfg = PqConfig {
-                heavy_size: heavy,
+                heavy_size: Size::Count(heavy),
                 pq_group_factor: m,
                 pq_bits: bits,
                 input_dtype: dt,

@@ -13,7 +13,7 @@ use tritonrt::pq::plan::{
     plan_step, PlanFacts, SelectPath, StepKind, SHIPPED_EMIT_TILE, SHIPPED_INDEX_TP,
     SHIPPED_ROUND_TILE,
 };
-use tritonrt::pq::{DType, Metric, PqConfig, Shape, Workload};
+use tritonrt::pq::{DType, Metric, PqConfig, Shape, Size, Workload};
 
 /// The H100's SM count.
 const H100_SMS: u32 = 132;
@@ -25,8 +25,8 @@ fn predicted(cfg: &PqConfig, shape: &Shape, path: SelectPath) -> StateBytes {
         shape,
         shape.s,
         path,
-        &PlanFacts::shipped_sm90(cfg, H100_SMS),
-        SelectSizes::shipped(cfg),
+        &PlanFacts::shipped_sm90(cfg, shape.s, H100_SMS),
+        SelectSizes::shipped(cfg, shape.s),
     )
 }
 
@@ -215,11 +215,14 @@ fn matrix_rows_shapes_and_heavy_sizes() {
         assert_eq!(r.shape, p);
         assert_eq!(
             (r.cfg.m(), r.cfg.pq_bits, r.cfg.heavy_size),
-            (m, bits, 3020)
+            (m, bits, Size::Count(3020))
         );
     }
-    assert_eq!(by("practical-large").cfg.heavy_size, 12851);
-    assert_eq!(by("practical-large-ratio").cfg.heavy_size, 12083);
+    assert_eq!(by("practical-large").cfg.heavy_size, Size::Count(12851));
+    let ratio = by("practical-large-ratio").cfg;
+    assert_eq!(ratio.heavy_size, Size::Ratio(0.0921875));
+    assert_eq!(ratio.heavy_at(PRACTICAL_LARGE_SHAPE.s), 12083);
+    assert_eq!(ratio.heavy_at(32768), 3020);
     for n in ["practical-large", "practical-large-ratio"] {
         assert_eq!(by(n).shape, PRACTICAL_LARGE_SHAPE);
         assert_eq!((by(n).cfg.m(), by(n).cfg.pq_bits), (2, 6));
@@ -229,7 +232,7 @@ fn matrix_rows_shapes_and_heavy_sizes() {
         assert_eq!(r.name, format!("heavy-{heavy}"));
         assert_eq!(
             (r.shape, r.cfg.heavy_size, r.cfg.m(), r.cfg.pq_bits),
-            (p, heavy, 2, 6)
+            (p, Size::Count(heavy), 2, 6)
         );
     }
     for r in &rows {
@@ -237,10 +240,15 @@ fn matrix_rows_shapes_and_heavy_sizes() {
         c.validate(&r.shape).unwrap();
         assert_eq!(c.metric, Metric::Euclidean, "{}", r.name);
         let (io, sink, win) = (c.init_offset, c.sink_size, c.window_size);
-        assert_eq!((io, sink, win), (128, 128, 128), "{}", r.name);
+        assert_eq!(
+            (io, sink, win),
+            (128, Size::Count(128), Size::Count(128)),
+            "{}",
+            r.name
+        );
         if r.name == "reference" || r.name == "large" {
             assert_eq!((c.input_dtype, c.weight_dtype), (DType::F32, DType::F32));
-            assert_eq!(c.heavy_size, 128);
+            assert_eq!(c.heavy_size, Size::Count(128));
             assert_eq!(r.shape.h_kv, 32);
         } else {
             assert_eq!((c.input_dtype, c.weight_dtype), (DType::BF16, DType::BF16));
@@ -267,7 +275,7 @@ fn matrix_rows_shapes_and_heavy_sizes() {
 fn matrix_plans_on_an_h100() {
     for r in bench_matrix() {
         let (cfg, sh) = (r.cfg, r.shape);
-        let f = PlanFacts::shipped_sm90(&cfg, H100_SMS);
+        let f = PlanFacts::shipped_sm90(&cfg, sh.s, H100_SMS);
         let n = cfg.n_quantized(sh.s);
         let plan = plan_step(&cfg, &sh, sh.s, n - 1, SelectPath::Auto, &f);
         let bytes = predicted(&cfg, &sh, SelectPath::Auto);
@@ -329,19 +337,19 @@ fn shipped_sizes_match_the_manifest() {
     }
     for heavy in [1usize, 128, 129, 256, 512] {
         let cfg = PqConfig {
-            heavy_size: heavy,
+            heavy_size: Size::Count(heavy),
             ..PqConfig::reference_workload()
         };
-        let k_pad = SelectSizes::shipped(&cfg).unwrap().k_pad;
-        let name = tritonrt::pq::gpu::select_kernel_name(&cfg).unwrap();
+        let k_pad = SelectSizes::shipped(&cfg, 32000).unwrap().k_pad;
+        let name = tritonrt::pq::gpu::select_kernel_name(&cfg, 32000).unwrap();
         assert!(name.starts_with(&format!("pq_select.h{k_pad}.")), "{name}");
         for kp in constexpr(&format!("{name}."), "K_PAD") {
             assert_eq!(kp as usize, k_pad);
         }
     }
     let cfg = PqConfig {
-        heavy_size: 513,
+        heavy_size: Size::Count(513),
         ..PqConfig::reference_workload()
     };
-    assert_eq!(SelectSizes::shipped(&cfg), None);
+    assert_eq!(SelectSizes::shipped(&cfg, 32000), None);
 }

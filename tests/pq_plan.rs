@@ -9,7 +9,7 @@ use tritonrt::pq::plan::{
     AUTO_HIST_MIN_KEYS, AUTO_HIST_MIN_ROWS, AUTO_SPLIT_MIN_KEYS, BULK_QUANTIZE_MIN,
     COMPANION_FILL_MAX_BYTES, INDEX_BUCKET_BUDGET_BYTES, SHIPPED_EMIT_TILE, SHIPPED_INDEX_TP,
 };
-use tritonrt::pq::{DType, PqConfig, Shape};
+use tritonrt::pq::{DType, PqConfig, Shape, Size};
 use tritonrt::Error;
 
 /// `pq_emit`'s TILE in these tests.
@@ -48,7 +48,7 @@ fn sm90(sms: u32) -> PlanFacts {
             bucket_budget: INDEX_BUCKET_BUDGET_BYTES,
         }),
         bulk_min: BULK_QUANTIZE_MIN,
-        chunked: true,
+        chunked: Some(512),
         range: None,
     }
 }
@@ -118,7 +118,7 @@ const ALL_PATHS: [SelectPath; 7] = [
 #[test]
 fn short_path_up_to_the_threshold() {
     let cfg = rcfg();
-    let th = cfg.short_threshold();
+    let th = cfg.short_threshold(0); // count sizes: the same at every S
     assert_eq!(th, 128 + 128 + 1 + 64);
     for path in ALL_PATHS {
         for s in [1, 100, th - 1, th] {
@@ -226,7 +226,7 @@ fn histogram_path_takes_any_number_of_new_keys_quantized_first_beyond_the_minimu
     // a window narrower than the new keys: some new key is a candidate (w0 > n_old),
     // quantized first even below the minimum
     let narrow = PqConfig {
-        window_size: 4,
+        window_size: Size::Count(4),
         ..rcfg()
     };
     let f = sm90(H100_SMS);
@@ -275,15 +275,15 @@ fn split_where_every_heavy_pick_lies_between_sink_and_window() {
     }
     // each precondition broken in turn: pq_hist instead
     let sink_past_offset = PqConfig {
-        sink_size: 256,
+        sink_size: Size::Count(256),
         ..rcfg()
     };
     let window_past_offset = PqConfig {
-        window_size: 100_000,
+        window_size: Size::Count(100_000),
         ..rcfg()
     };
     let heavy_in_window = PqConfig {
-        window_size: 800,
+        window_size: Size::Count(800),
         ..rcfg()
     };
     for (c, s) in [
@@ -343,7 +343,7 @@ fn auto_without_the_indexed_path_by_rows_and_keys() {
     assert_eq!(auto(128, 131072 - 128), StepKind::Hist);
     // few rows where split does not apply: chunked, never pq_hist
     let no_split = PqConfig {
-        sink_size: 256,
+        sink_size: Size::Count(256),
         ..rcfg()
     };
     assert_eq!(
@@ -594,7 +594,7 @@ fn launch_counts_and_flags_of_every_kind() {
 #[test]
 fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
     let big = |heavy_size, pq_bits| PqConfig {
-        heavy_size,
+        heavy_size: Size::Count(heavy_size),
         pq_bits,
         input_dtype: tritonrt::pq::DType::BF16,
         weight_dtype: tritonrt::pq::DType::BF16,
@@ -608,7 +608,7 @@ fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
         d: 128,
     };
     let facts = PlanFacts {
-        chunked: false,
+        chunked: None,
         ..sm90(H100_SMS)
     };
     let s = 32768;
@@ -682,7 +682,7 @@ fn heavy_up_to_tp_stays_indexed() {
     };
     for heavy in [100, TP / 2] {
         let cfg = PqConfig {
-            heavy_size: heavy,
+            heavy_size: Size::Count(heavy),
             ..PqConfig::reference_workload()
         };
         let s = 32768;
@@ -698,7 +698,7 @@ fn heavy_up_to_tp_stays_indexed() {
         assert!(k.is_index(), "heavy {heavy}: {k:?}");
     }
     let cfg = PqConfig {
-        heavy_size: TP / 2 + 1,
+        heavy_size: Size::Count(TP / 2 + 1),
         ..PqConfig::reference_workload()
     };
     let k = plan(
@@ -720,7 +720,7 @@ fn heavy_up_to_tp_stays_indexed() {
 fn no_hist_chunkless() -> PlanFacts {
     PlanFacts {
         hist: None,
-        chunked: false,
+        chunked: None,
         ..sm90(H100_SMS)
     }
 }
@@ -731,7 +731,7 @@ fn no_hist_chunkless() -> PlanFacts {
 #[test]
 fn takes_index_is_the_plans_choice() {
     let bf16 = |heavy, m, bits| PqConfig {
-        heavy_size: heavy,
+        heavy_size: Size::Count(heavy),
         pq_group_factor: m,
         pq_bits: bits,
         input_dtype: DType::BF16,
@@ -762,7 +762,7 @@ fn takes_index_is_the_plans_choice() {
     let mut seen = [false; 2];
     for cfg in cfgs {
         for f in [
-            PlanFacts::shipped_sm90(&cfg, H100_SMS),
+            PlanFacts::shipped_sm90(&cfg, 1 << 20, H100_SMS),
             sm80(108),
             no_index(),
             no_hist(),
@@ -798,7 +798,7 @@ fn takes_index_is_the_plans_choice() {
 #[test]
 fn no_indexed_step_for_configs_the_plan_never_indexes() {
     let practical = |heavy, m, bits| PqConfig {
-        heavy_size: heavy,
+        heavy_size: Size::Count(heavy),
         pq_group_factor: m,
         pq_bits: bits,
         input_dtype: DType::BF16,
@@ -814,7 +814,13 @@ fn no_indexed_step_for_configs_the_plan_never_indexes() {
     };
     let l_shape = Shape { b: 4, ..p_shape };
     let on = |cfg: &PqConfig, sh: &Shape, s, path| {
-        takes_index(cfg, sh, s, path, &PlanFacts::shipped_sm90(cfg, H100_SMS))
+        takes_index(
+            cfg,
+            sh,
+            s,
+            path,
+            &PlanFacts::shipped_sm90(cfg, 1 << 20, H100_SMS),
+        )
     };
     // the practical large workload: 12851 (spec) or 12083 heavy picks against TP / 2 = 128
     for heavy in [12851, 12083] {
@@ -852,7 +858,9 @@ fn no_indexed_step_for_configs_the_plan_never_indexes() {
         },
     ] {
         assert!(!index_built_for(&cfg), "{cfg}");
-        assert!(PlanFacts::shipped_sm90(&cfg, H100_SMS).index.is_none());
+        assert!(PlanFacts::shipped_sm90(&cfg, 1 << 20, H100_SMS)
+            .index
+            .is_none());
         for path in ALL_PATHS {
             assert!(!on(&cfg, &p_shape, 32768, path), "{cfg} {path:?}");
         }
@@ -871,13 +879,13 @@ fn no_indexed_step_for_configs_the_plan_never_indexes() {
     assert!(!on(
         &cfg,
         &shape(1, 32),
-        cfg.short_threshold(),
+        cfg.short_threshold(1 << 20),
         SelectPath::Auto
     ));
     assert!(on(
         &cfg,
         &shape(1, 32),
-        cfg.short_threshold() + 1,
+        cfg.short_threshold(1 << 20) + 1,
         SelectPath::Auto
     ));
     for path in [SelectPath::Chunked, SelectPath::Hist, SelectPath::Split] {
@@ -958,17 +966,19 @@ fn step_kind_names_and_shipped_facts() {
     for (k, name) in kinds {
         assert_eq!(k.name(), name);
     }
-    let f = PlanFacts::shipped_sm90(&rcfg(), H100_SMS);
+    let f = PlanFacts::shipped_sm90(&rcfg(), 1 << 20, H100_SMS);
     assert_eq!(f.sm_count, H100_SMS);
     assert_eq!(f.hist.map(|h| h.emit_tile), Some(SHIPPED_EMIT_TILE));
     let ix = f.index.expect("pq_index for the reference config");
     assert!(ix.wfill && ix.tp == SHIPPED_INDEX_TP && ix.bucket_budget == INDEX_BUCKET_BUDGET_BYTES);
-    assert!(f.chunked && f.bulk_min == BULK_QUANTIZE_MIN);
+    assert!(f.chunked == Some(128) && f.bulk_min == BULK_QUANTIZE_MIN);
     let big = PqConfig {
-        heavy_size: 513,
+        heavy_size: Size::Count(513),
         ..rcfg()
     };
-    assert!(!PlanFacts::shipped_sm90(&big, H100_SMS).chunked);
+    assert!(PlanFacts::shipped_sm90(&big, 1 << 20, H100_SMS)
+        .chunked
+        .is_none());
 }
 
 /// `K^M > 4096` with the radix-select kernels built (no combination histogram), the
@@ -977,7 +987,7 @@ fn radix(chunked: bool) -> PlanFacts {
     PlanFacts {
         hist: None,
         index: None,
-        chunked,
+        chunked: chunked.then_some(512),
         range: Some(RangeFacts {
             emit_tile: TILE,
             level_tile: 4096,
@@ -1002,7 +1012,7 @@ fn many_combinations_take_the_radix_select() {
     for (m, bits) in [(2, 8), (4, 8), (3, 5)] {
         for heavy in [1, 128, 512, 3020, 30000] {
             let cfg = PqConfig {
-                heavy_size: heavy,
+                heavy_size: Size::Count(heavy),
                 pq_group_factor: m,
                 pq_bits: bits,
                 ..PqConfig::reference_workload()
@@ -1053,8 +1063,8 @@ fn radix_select_outside_the_split_emit_falls_back_or_refuses() {
         d: 128,
     };
     let cfg = PqConfig {
-        heavy_size: 600,
-        sink_size: 256, // more sink positions than init_offset (128)
+        heavy_size: Size::Count(600),
+        sink_size: Size::Count(256), // more sink positions than init_offset (128)
         pq_bits: 8,
         ..PqConfig::reference_workload()
     };
@@ -1068,7 +1078,7 @@ fn radix_select_outside_the_split_emit_falls_back_or_refuses() {
         "{e}"
     );
     let small = PqConfig {
-        heavy_size: 300,
+        heavy_size: Size::Count(300),
         ..cfg
     };
     let p = plan(&small, sh, s, n - 1, SelectPath::Auto, &radix(true));

@@ -6,13 +6,13 @@ mod common;
 
 use tritonrt::pq::check::{CheckOptions, ViolationKind};
 use tritonrt::pq::ragged::{check_ragged, reference_step, RaggedInputs};
-use tritonrt::pq::{step, PqConfig, PqInputs, Shape};
+use tritonrt::pq::{step, PqConfig, PqInputs, Shape, Size};
 
 fn cfg() -> PqConfig {
     PqConfig {
-        sink_size: 8,
-        window_size: 16,
-        heavy_size: 24,
+        sink_size: Size::Count(8),
+        window_size: Size::Count(16),
+        heavy_size: Size::Count(24),
         init_offset: 8,
         pq_bits: 4,
         ..PqConfig::reference_workload()
@@ -39,7 +39,7 @@ fn seed() -> u64 {
 fn reference_pads_each_entry_and_checker_passes_it() {
     let c = cfg();
     let s_alloc = 900;
-    let thr = c.short_threshold();
+    let thr = c.short_threshold(0); // count sizes: the same at every S
     let lens: Vec<i64> = vec![1, thr as i64, thr as i64 + 1, 300, 16, s_alloc as i64];
     let b = lens.len();
     let n_max = c.n_quantized(s_alloc) - 1;

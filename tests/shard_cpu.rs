@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use tritonrt::pq::shard_plan::{parse_devices, ShardPlan};
-use tritonrt::pq::{check, step, Metric, PqConfig, PqInputs, Shape};
+use tritonrt::pq::{check, step, Metric, PqConfig, PqInputs, Shape, Size};
 use tritonrt::Error;
 
 fn sh(b: usize, h: usize, h_kv: usize, s: usize, d: usize) -> Shape {
@@ -102,9 +102,9 @@ fn device_lists_parse_and_bad_ones_are_named() {
 /// A config small enough for the CPU reference to run many cases quickly.
 fn small_cfg() -> PqConfig {
     PqConfig {
-        sink_size: 8,
-        window_size: 8,
-        heavy_size: 16,
+        sink_size: Size::Count(8),
+        window_size: Size::Count(8),
+        heavy_size: Size::Count(16),
         init_offset: 8,
         pq_group_factor: 2,
         pq_bits: 4,

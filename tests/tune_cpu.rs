@@ -11,7 +11,7 @@ use std::process::Command;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tritonrt::pq::Workload;
+use tritonrt::pq::{Size, Workload};
 use tritonrt::tune::candidate::{candidate_checksum, kernel_hash};
 use tritonrt::tune::table::{cache_dir_from, lock_path};
 use tritonrt::tune::{
@@ -268,9 +268,9 @@ fn workload_parsing() {
         (c.batch, c.heads, c.kv_heads, c.seq_len, c.head_dim),
         (2, 32, 8, 65536, 128)
     );
-    assert_eq!((c.subvectors, c.bits, c.heavy), (2, 6, 128));
+    assert_eq!((c.subvectors, c.bits, c.heavy), (2, 6, Size::Count(128)));
     let c: Workload = "1,8,8,4096,64,4,8,256".parse().unwrap();
-    assert_eq!((c.subvectors, c.bits, c.heavy), (4, 8, 256));
+    assert_eq!((c.subvectors, c.bits, c.heavy), (4, 8, Size::Count(256)));
     assert_eq!(c.features().sub_dim, 16);
     assert_eq!(c.features().centroids, 256);
     for (bad, needle) in [

@@ -328,7 +328,7 @@ fn autotune_small_workload_on_gpu() {
     let w: Workload = format!("2,8,4,{s},128").parse().unwrap();
     let cfg = w.config();
     let shape = w.shape();
-    let select = select_kernel_name(&cfg).unwrap();
+    let select = select_kernel_name(&cfg, shape.s).unwrap();
     eprintln!("autotune test on {}: {w}, seed {seed}", rt.device().name());
     let req = GpuRequest {
         device: 0,

@@ -41,7 +41,8 @@ pub struct AutotuneArgs {
     pub kernels: Vec<String>,
 
     /// Workload whose shape buckets to tune (repeatable): `reference`, `large`, or
-    /// `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (the rest as in the reference workload).
+    /// `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (the rest as in the reference workload; heavy a
+    /// count, or a ratio of S written with a decimal point: 0.1 is floor(0.1 * S)).
     /// Default: reference and large.
     #[arg(long = "workload", value_name = "SPEC")]
     pub workloads: Vec<Workload>,

@@ -32,7 +32,8 @@ Examples:
 Every step quantizes one new key by default (codes cached for S - 1 - init_offset keys), as the
 upstream benchmark does; --new-keys N makes it N. Timings are medians after a warm-up.")]
 pub struct BenchArgs {
-    /// The workload: `reference`, `large` or `B,H,H_kv,S,D[,M[,bits[,heavy]]]`; its S is
+    /// The workload: `reference`, `large` or `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (heavy a
+    /// count, or a ratio of S written with a decimal point, resolved per S); its S is
     /// replaced by --seq-lens / --sweep.
     #[arg(
         long,
@@ -151,10 +152,11 @@ fn save_inputs(path: &std::path::Path, cfg: &PqConfig, inputs: &PqInputs) -> any
             )?,
         ),
     ];
+    // the sizes as counts at this file's S (a ratio resolved: the baselines read ints)
     let meta: HashMap<String, String> = [
-        ("sink_size", cfg.sink_size.to_string()),
-        ("window_size", cfg.window_size.to_string()),
-        ("heavy_size", cfg.heavy_size.to_string()),
+        ("sink_size", cfg.sink_at(sh.s).to_string()),
+        ("window_size", cfg.window_at(sh.s).to_string()),
+        ("heavy_size", cfg.heavy_at(sh.s).to_string()),
         ("init_offset", cfg.init_offset.to_string()),
         ("pq_group_factor", cfg.pq_group_factor.to_string()),
         ("pq_bits", cfg.pq_bits.to_string()),
@@ -382,8 +384,8 @@ fn matrix(a: &BenchArgs, rt: &std::sync::Arc<tritonrt::runtime::Runtime>) -> any
             &shape,
             shape.s,
             SelectPath::Auto,
-            &PlanFacts::shipped_sm90(&cfg, sms),
-            SelectSizes::shipped(&cfg),
+            &PlanFacts::shipped_sm90(&cfg, shape.s, sms),
+            SelectSizes::shipped(&cfg, shape.s),
         );
         let n_cached = cfg.n_quantized(shape.s).saturating_sub(a.new_keys);
         let inputs = PqInputs::random(&cfg, shape, n_cached, a.seed ^ shape.s as u64)

@@ -14,7 +14,7 @@ use tritonrt::pq::prefill::{
     check as pcheck, reference, DeviceKeys, GpuPrefill, KmeansInit, PrefillCheckMode,
     PrefillConfig, PrefillInputs, PrefillOutput, PrefillShape, PrefillTiming,
 };
-use tritonrt::pq::{DType, Metric, PqInputs, Shape};
+use tritonrt::pq::{DType, Metric, PqInputs, Shape, Size};
 use tritonrt::runtime::Runtime;
 
 macro_rules! say {
@@ -91,15 +91,21 @@ pub struct PrefillArgs {
     /// [default: 4 x H_kv].
     #[arg(long, help_heading = "Decode config (--output)")]
     pub heads: Option<usize>,
-    /// sink_size of the decode config written with --output.
-    #[arg(long, default_value_t = 128, help_heading = "Decode config (--output)")]
-    pub sink_size: usize,
-    /// window_size of the decode config written with --output.
-    #[arg(long, default_value_t = 128, help_heading = "Decode config (--output)")]
-    pub window_size: usize,
-    /// heavy_size of the decode config written with --output.
-    #[arg(long, default_value_t = 128, help_heading = "Decode config (--output)")]
-    pub heavy_size: usize,
+    /// sink_size of the decode config written with --output: a count, or a ratio of S
+    /// written with a decimal point (0.01: floor(0.01 * S) at each step).
+    #[arg(long, default_value = "128", value_name = "N|RATIO",
+          value_parser = super::run::parse_sink, help_heading = "Decode config (--output)")]
+    pub sink_size: Size,
+    /// window_size of the decode config written with --output: a count, or a ratio of
+    /// S written with a decimal point.
+    #[arg(long, default_value = "128", value_name = "N|RATIO",
+          value_parser = super::run::parse_window, help_heading = "Decode config (--output)")]
+    pub window_size: Size,
+    /// heavy_size of the decode config written with --output: a count, or a ratio of S
+    /// written with a decimal point (0.1: floor(0.1 * S) at each step, as upstream).
+    #[arg(long, default_value = "128", value_name = "N|RATIO",
+          value_parser = super::run::parse_heavy, help_heading = "Decode config (--output)")]
+    pub heavy_size: Size,
     /// Seed of the generated keys (and of the query written with --output).
     #[arg(
         long,

@@ -13,7 +13,7 @@ use anyhow::Context;
 use super::{EXIT_CHECK_FAILED, EXIT_OK};
 use tritonrt::pq::check::{check_with, CheckMode, CheckOptions};
 use tritonrt::pq::{
-    self, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput, Shape, Workload,
+    self, DType, Metric, PqConfig, PqConfigOverrides, PqInputs, PqOutput, Shape, Size, Workload,
 };
 
 /// `println!` that ignores a closed stdout (`tritonrt run | head` must not panic).
@@ -57,13 +57,15 @@ Examples:
   tritonrt run                                   reference workload, GPU if present
   tritonrt run --workload large --backend cpu    B=4, S=131072 on the CPU reference
   tritonrt run --metric ip --dtype bf16 --kv-heads 8 --seq-len 4096
+  tritonrt run --heavy-size 0.1 --seq-len 32768  heavy = floor(0.1 * S) = 3276 keys
   tritonrt run --input in.safetensors --output out.safetensors
 
 Exit status: 0 ok, 1 the check failed, 2 error (bad input, I/O, no GPU with --backend gpu).")]
 pub struct RunArgs {
     /// The workload giving the default shape and config: `reference` (B=1, H=H_kv=32,
     /// S=32000, D=128), `large` (B=4, S=131072), or `B,H,H_kv,S,D[,M[,bits[,heavy]]]`
-    /// (the rest as the reference workload). The shape and config flags override it.
+    /// (the rest as the reference workload; heavy a count or a ratio of S such as 0.1).
+    /// The shape and config flags override it.
     #[arg(
         long,
         env = "TRITONRT_WORKLOAD",
@@ -186,15 +188,21 @@ pub struct ShapeFlags {
 /// input file's `__metadata__` value.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConfigFlags {
-    /// Attention sinks: positions 0..sink_size are always attended [default: 128].
-    #[arg(long, help_heading = "Config")]
-    pub sink_size: Option<usize>,
-    /// Local window: the last window_size positions are always attended [default: 128].
-    #[arg(long, help_heading = "Config")]
-    pub window_size: Option<usize>,
-    /// Heavy hitters chosen through PQ scores [default: 128].
-    #[arg(long, help_heading = "Config")]
-    pub heavy_size: Option<usize>,
+    /// Attention sinks: positions 0..sink_size are always attended. A count, or a ratio
+    /// of S written with a decimal point (0.01: floor(0.01 * S) at each step)
+    /// [default: 128].
+    #[arg(long, value_name = "N|RATIO", value_parser = parse_sink, help_heading = "Config")]
+    pub sink_size: Option<Size>,
+    /// Local window: the last window_size positions are always attended. A count, or a
+    /// ratio of S written with a decimal point (0.05: floor(0.05 * S) at each step)
+    /// [default: 128].
+    #[arg(long, value_name = "N|RATIO", value_parser = parse_window, help_heading = "Config")]
+    pub window_size: Option<Size>,
+    /// Heavy hitters chosen through PQ scores. A count, or a ratio of S written with a
+    /// decimal point (0.1: floor(0.1 * S) at each step, as upstream; 1.0 is all of S,
+    /// 1 is one key) [default: 128].
+    #[arg(long, value_name = "N|RATIO", value_parser = parse_heavy, help_heading = "Config")]
+    pub heavy_size: Option<Size>,
     /// Quantized key j is the token at position init_offset + j [default: 128].
     #[arg(long, help_heading = "Config")]
     pub init_offset: Option<usize>,
@@ -214,6 +222,21 @@ pub struct ConfigFlags {
     /// dtype of weight_list: fp32, bf16 or fp16 [default: the input dtype].
     #[arg(long, help_heading = "Config")]
     pub weight_dtype: Option<DType>,
+}
+
+/// `--sink-size`: a count or a ratio of S ([`Size::parse_field`], naming `sink_size`).
+pub(crate) fn parse_sink(s: &str) -> Result<Size, String> {
+    Size::parse_field("sink_size", s).map_err(|e| e.to_string())
+}
+
+/// `--window-size`: a count or a ratio of S ([`Size::parse_field`], naming `window_size`).
+pub(crate) fn parse_window(s: &str) -> Result<Size, String> {
+    Size::parse_field("window_size", s).map_err(|e| e.to_string())
+}
+
+/// `--heavy-size`: a count or a ratio of S ([`Size::parse_field`], naming `heavy_size`).
+pub(crate) fn parse_heavy(s: &str) -> Result<Size, String> {
+    Size::parse_field("heavy_size", s).map_err(|e| e.to_string())
 }
 
 /// The result of running the step on some backend.
@@ -433,7 +456,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             "step:    short path (S = {} <= heavy + init_offset + 1 + K = {}): every head \
              attends to all {} positions",
             sh.s,
-            cfg.short_threshold(),
+            cfg.short_threshold(sh.s),
             sh.s
         );
     } else {

@@ -674,7 +674,7 @@ fn check_row(
                 ViolationKind::ShortPath,
                 format!(
                     "short path (S = {s} <= {}) must list 0..{s}; missing {}, extra {}",
-                    cfg.short_threshold(),
+                    cfg.short_threshold(s),
                     preview(&missing),
                     preview(&extra)
                 ),

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use crate::pq::size::{Size, SIZE_EXPECTED};
 use crate::tune::ShapeFeatures;
 
 /// How new keys are assigned PQ codes (spec step 1).
@@ -210,12 +211,12 @@ pub struct Workload {
     pub subvectors: u64,
     /// Bits per code (`pq_bits`, 1..=8): `K = 2^bits` centroids.
     pub bits: u32,
-    /// `sink_size`.
-    pub sink: u64,
-    /// `window_size`.
-    pub window: u64,
-    /// `heavy_size` (the top-k size).
-    pub heavy: u64,
+    /// `sink_size` (a count, or a ratio of `S`: see [`Size`]).
+    pub sink: Size,
+    /// `window_size` (a count, or a ratio of `S`).
+    pub window: Size,
+    /// `heavy_size`, the top-k size (a count, or a ratio of `S`).
+    pub heavy: Size,
     /// `init_offset`: quantized key `j` is token `init_offset + j`.
     pub init_offset: u64,
 }
@@ -233,9 +234,9 @@ impl Workload {
             head_dim: 128,
             subvectors: 2,
             bits: 6,
-            sink: 128,
-            window: 128,
-            heavy: 128,
+            sink: Size::Count(128),
+            window: Size::Count(128),
+            heavy: Size::Count(128),
             init_offset: 128,
         }
     }
@@ -254,8 +255,12 @@ impl Workload {
     ///
     /// # Errors
     ///
-    /// [`Error::Invalid`] naming the first violated constraint, with the values.
+    /// [`Error::Invalid`] naming the first violated constraint, with the values;
+    /// [`Error::PqConfig`] for a ratio size outside `[0, 1]` (see [`Size::ratio`]).
     pub fn validate(&self) -> Result<()> {
+        self.sink.check("sink_size")?;
+        self.window.check("window_size")?;
+        self.heavy.check("heavy_size")?;
         let w = "workload";
         let fail = |m: String| Err(Error::invalid(w, m));
         if self.batch == 0 || self.heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
@@ -299,9 +304,9 @@ impl Workload {
     /// window, heavy and init_offset.
     pub fn config(&self) -> PqConfig {
         PqConfig {
-            sink_size: self.sink as usize,
-            window_size: self.window as usize,
-            heavy_size: self.heavy as usize,
+            sink_size: self.sink,
+            window_size: self.window,
+            heavy_size: self.heavy,
             init_offset: self.init_offset as usize,
             pq_group_factor: self.subvectors as usize,
             pq_bits: self.bits,
@@ -321,14 +326,15 @@ impl Workload {
     }
 
     /// Decode-loop shape features of a per-query-head kernel (rows `B * H`, `n` keys per
-    /// row, alignment 1: see [`ShapeFeatures::decode`]).
+    /// row, alignment 1, `heavy` resolved at the workload's `S`: see
+    /// [`ShapeFeatures::decode`]).
     pub fn features(&self) -> ShapeFeatures {
         ShapeFeatures::decode(
             self.rows(),
             self.n_keys(),
             (self.head_dim / self.subvectors.max(1)) as u32,
             1u32 << self.bits.min(31),
-            self.heavy as u32,
+            u32::try_from(self.heavy.resolve(self.seq_len as usize)).unwrap_or(u32::MAX),
         )
     }
 }
@@ -359,7 +365,8 @@ impl FromStr for Workload {
     type Err = Error;
 
     /// `reference`, `large`, or `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (the other values are
-    /// the reference workload's). The result is validated ([`Workload::validate`]).
+    /// the reference workload's; `heavy` a count or a ratio of `S` such as `0.1`, see
+    /// [`Size`]). The result is validated ([`Workload::validate`]).
     fn from_str(s: &str) -> Result<Self> {
         let w = match s.trim() {
             "reference" => Workload::reference(),
@@ -377,9 +384,9 @@ impl FromStr for Workload {
                         ),
                     ));
                 }
-                let names = ["B", "H", "H_kv", "S", "D", "M", "bits", "heavy"];
-                let mut v = [0u64; 8];
-                for (i, f) in fields.iter().enumerate() {
+                let names = ["B", "H", "H_kv", "S", "D", "M", "bits"];
+                let mut v = [0u64; 7];
+                for (i, f) in fields.iter().take(7).enumerate() {
                     v[i] = f.parse::<u64>().map_err(|_| {
                         Error::invalid(
                             "workload",
@@ -406,7 +413,12 @@ impl FromStr for Workload {
                     head_dim: v[4],
                     subvectors: if fields.len() > 5 { v[5] } else { r.subvectors },
                     bits: u32::try_from(bits).unwrap_or(u32::MAX),
-                    heavy: if fields.len() > 7 { v[7] } else { r.heavy },
+                    heavy: match fields.get(7) {
+                        Some(f) => Size::parse_field("heavy_size", f).map_err(|e| {
+                            Error::invalid("workload", format!("{s:?}: field 8 (heavy): {e}"))
+                        })?,
+                        None => r.heavy,
+                    },
                     ..r
                 }
             }
@@ -417,14 +429,23 @@ impl FromStr for Workload {
 }
 
 /// The indexer's pattern and PQ parameters (spec "Notation and inputs").
+///
+/// The three pattern sizes are [`Size`]s: a count, or a ratio of the sequence length
+/// resolved at each step's `S` (spec "Sizes given as ratios"). Every per-step quantity
+/// below takes that `S` ([`PqConfig::heavy_at`], [`PqConfig::total`], ...), so a decode
+/// loop whose `S` grows, or a ragged batch whose entries differ, resolves a ratio anew
+/// for each step or entry; [`PqConfig::resolved`] gives the counts of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PqConfig {
-    /// Attention sinks: positions `0..min(sink_size, S)` are always attended.
-    pub sink_size: usize,
-    /// Local window: positions `S - min(window_size, S) .. S` are always attended.
-    pub window_size: usize,
-    /// Heavy hitters chosen through PQ scores: `k = min(heavy_size, n)`.
-    pub heavy_size: usize,
+    /// Attention sinks: positions `0..min(sink, S)` are always attended, `sink` this
+    /// size resolved at `S`.
+    pub sink_size: Size,
+    /// Local window: positions `S - min(window, S) .. S` are always attended, `window`
+    /// this size resolved at `S`.
+    pub window_size: Size,
+    /// Heavy hitters chosen through PQ scores: `k = min(heavy, n)`, `heavy` this size
+    /// resolved at `S`.
+    pub heavy_size: Size,
     /// Quantized key `j` is the token at position `init_offset + j`.
     pub init_offset: usize,
     /// `M`: subvectors per key (`D % M == 0`).
@@ -444,9 +465,9 @@ impl PqConfig {
     /// `M = 2`, `bits = 6`, euclidean, fp32 inputs and weights.
     pub const fn reference_workload() -> Self {
         PqConfig {
-            sink_size: 128,
-            window_size: 128,
-            heavy_size: 128,
+            sink_size: Size::Count(128),
+            window_size: Size::Count(128),
+            heavy_size: Size::Count(128),
             init_offset: 128,
             pq_group_factor: 2,
             pq_bits: 6,
@@ -486,18 +507,49 @@ impl PqConfig {
         shape.group()
     }
 
-    /// The short-path threshold `heavy_size + init_offset + 1 + K`: sequences with
-    /// `S <=` this attend to everything (spec step 0). Saturates instead of overflowing.
-    pub fn short_threshold(&self) -> usize {
-        self.heavy_size
+    /// `sink_size` resolved at sequence length `s` (a count itself, a ratio
+    /// `floor(ratio * s)`: [`Size::resolve`]), before the `min` with `s`.
+    pub fn sink_at(&self, s: usize) -> usize {
+        self.sink_size.resolve(s)
+    }
+
+    /// `window_size` resolved at sequence length `s`, before the `min` with `s`.
+    pub fn window_at(&self, s: usize) -> usize {
+        self.window_size.resolve(s)
+    }
+
+    /// `heavy_size` resolved at sequence length `s`, before the `min` with `n`.
+    pub fn heavy_at(&self, s: usize) -> usize {
+        self.heavy_size.resolve(s)
+    }
+
+    /// This config with its three sizes resolved at sequence length `s`, as counts:
+    /// the config of one step at `s` (every per-step quantity of the result at `s`
+    /// equals this config's).
+    pub fn resolved(&self, s: usize) -> PqConfig {
+        PqConfig {
+            sink_size: Size::Count(self.sink_at(s)),
+            window_size: Size::Count(self.window_at(s)),
+            heavy_size: Size::Count(self.heavy_at(s)),
+            ..*self
+        }
+    }
+
+    /// The short-path threshold at sequence length `s`: `heavy + init_offset + 1 + K`,
+    /// `heavy` resolved at `s`; a step at `s` with `s <=` this attends to everything
+    /// (spec step 0). Saturates instead of overflowing. (With a count `heavy_size` the
+    /// threshold is the same at every `s`.)
+    pub fn short_threshold(&self, s: usize) -> usize {
+        self.heavy_at(s)
             .saturating_add(self.init_offset)
             .saturating_add(1)
             .saturating_add(self.k_centroids())
     }
 
-    /// Whether a step at sequence length `s` takes the short path (`s <=` threshold).
+    /// Whether a step at sequence length `s` takes the short path
+    /// (`s <= short_threshold(s)`).
     pub fn is_short(&self, s: usize) -> bool {
-        s <= self.short_threshold()
+        s <= self.short_threshold(s)
     }
 
     /// `n = S - init_offset`: quantized keys after a (long-path) step at length `s`
@@ -506,14 +558,14 @@ impl PqConfig {
         s.saturating_sub(self.init_offset)
     }
 
-    /// `sink' = min(sink_size, s)`.
+    /// `sink' = min(sink, s)`, `sink` resolved at `s`.
     pub fn sink_eff(&self, s: usize) -> usize {
-        self.sink_size.min(s)
+        self.sink_at(s).min(s)
     }
 
-    /// `window' = min(window_size, s)`.
+    /// `window' = min(window, s)`, `window` resolved at `s`.
     pub fn window_eff(&self, s: usize) -> usize {
-        self.window_size.min(s)
+        self.window_at(s).min(s)
     }
 
     /// `w0 = max(0, s - window' - init_offset)`: quantized keys `j >= w0` are masked
@@ -523,10 +575,11 @@ impl PqConfig {
             .saturating_sub(self.init_offset)
     }
 
-    /// `k = min(heavy_size, n)` for a long-path step at length `s`. (On the long path
-    /// `n > heavy_size + K`, so this is always `heavy_size`; the `min` is the spec's.)
+    /// `k = min(heavy, n)` for a long-path step at length `s`, `heavy` resolved at `s`.
+    /// (On the long path `n > heavy + K`, so this is always `heavy`; the `min` is the
+    /// spec's.)
     pub fn heavy_k(&self, s: usize) -> usize {
-        self.heavy_size.min(self.n_quantized(s))
+        self.heavy_at(s).min(self.n_quantized(s))
     }
 
     /// Entries per row of `sparse_list` at length `s`: `s` on the short path, else
@@ -544,7 +597,8 @@ impl PqConfig {
     ///
     /// Errors ([`Error::PqConfig`], naming the field, its value and what was expected):
     /// any of `B, H, H_kv, S, D` zero; `H % H_kv != 0`; `M == 0` or `D % M != 0` (names
-    /// both); `pq_bits` outside 1..=8. `init_offset > S` is accepted: such a step is
+    /// both); `pq_bits` outside 1..=8; a ratio size NaN, negative or above 1.0
+    /// ([`Size::ratio`]); a count size above `i64::MAX / 4`. `init_offset > S` is accepted: such a step is
     /// always on the short path (the threshold exceeds `init_offset`), which is well
     /// defined and is what an engine sees while its prompt is still shorter than
     /// `init_offset`; it then simply has no quantized keys (`N_cached` must be 0).
@@ -601,12 +655,24 @@ impl PqConfig {
                 expected: "1..=8 (K = 2^bits centroids, codes fit in one byte)".into(),
             });
         }
-        // Guard the i64 positions of sparse_list and the sizes computed from the config.
-        let limit = i64::MAX as usize / 4;
         for (field, v) in [
             ("sink_size", self.sink_size),
             ("window_size", self.window_size),
             ("heavy_size", self.heavy_size),
+        ] {
+            v.check(field)?;
+        }
+        // Guard the i64 positions of sparse_list and the sizes computed from the config
+        // (a ratio resolves to at most S).
+        let limit = i64::MAX as usize / 4;
+        let count = |v: Size| match v {
+            Size::Count(n) => n,
+            Size::Ratio(_) => 0,
+        };
+        for (field, v) in [
+            ("sink_size", count(self.sink_size)),
+            ("window_size", count(self.window_size)),
+            ("heavy_size", count(self.heavy_size)),
             ("init_offset", self.init_offset),
             ("seq_len", shape.s),
         ] {
@@ -647,11 +713,11 @@ impl fmt::Display for PqConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PqConfigOverrides {
     /// Replaces `sink_size`.
-    pub sink_size: Option<usize>,
+    pub sink_size: Option<Size>,
     /// Replaces `window_size`.
-    pub window_size: Option<usize>,
+    pub window_size: Option<Size>,
     /// Replaces `heavy_size`.
-    pub heavy_size: Option<usize>,
+    pub heavy_size: Option<Size>,
     /// Replaces `init_offset`.
     pub init_offset: Option<usize>,
     /// Replaces `pq_group_factor` (M).
@@ -695,7 +761,7 @@ mod tests {
         assert_eq!(c.k_centroids(), 64);
         assert_eq!(c.d_sub(s.d), 64);
         assert_eq!(c.d_c(s.d), 64);
-        assert_eq!(c.short_threshold(), 128 + 128 + 1 + 64);
+        assert_eq!(c.short_threshold(32000), 128 + 128 + 1 + 64);
         assert!(c.is_short(321) && !c.is_short(322));
         assert_eq!(c.total(32000), 384);
         assert_eq!(c.total(300), 300);

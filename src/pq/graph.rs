@@ -14,6 +14,10 @@ use crate::pq::plan::StepInfo;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GraphKey {
     pub s: usize,
+    /// The step's sink, window and heavy sizes resolved at `s` (the kernels' integer
+    /// arguments): a replay never runs with another step's sizes, even where `s` alone
+    /// would not tell (it does today: the config is fixed per indexer).
+    pub sizes: [usize; 3],
     pub query: DeviceTensorRef,
     pub key: DeviceTensorRef,
     /// `DeviceState::buffer_ptrs`.

@@ -46,10 +46,17 @@ pub struct GpuIndexer {
 }
 
 impl GpuIndexer {
-    /// Set up an indexer for `shape` (`S` is ignored: it comes with each step) and
-    /// `cfg`, uploading `centroids` (`f32 [B, H_kv, M, K, d_c]`) and `phi`
-    /// (`f32 [B * H_kv * M]`, metric ip only) from the host. `select_variant` picks a
-    /// tuned variant id of the select kernel (else the manifest default for this GPU).
+    /// Set up an indexer for `shape` and `cfg`, uploading `centroids` (`f32 [B, H_kv,
+    /// M, K, d_c]`) and `phi` (`f32 [B * H_kv * M]`, metric ip only) from the host.
+    /// `select_variant` picks a tuned variant id of the select kernel (else the manifest
+    /// default for this GPU).
+    ///
+    /// Each step brings its own `S`; `shape.s` is the capacity `S_alloc`, the largest
+    /// `S` the caller expects. It matters only for a ratio `heavy_size` (spec "Sizes
+    /// given as ratios"): the chunked select kernel, loaded once, is the one for the
+    /// heavy size resolved at `S_alloc`, so it serves every step up to there. A later
+    /// step with a larger resolved heavy size runs on the histogram family, or is refused
+    /// with an error naming `heavy_size` where it needs the chunked path.
     ///
     /// Errors: config/shape validation, a missing kernel variant, heavy_size above the
     /// compiled top-k widths, a centroid or phi length mismatch, a `stream` of another
@@ -114,7 +121,7 @@ impl GpuIndexer {
     /// centroids, phi and `u8` codes become the indexer's state (`N_cached = n`), on the
     /// prefill's stream. `cfg` must agree with the prefill's config on `M`, `bits`,
     /// metric, `init_offset` and input dtype, and `shape` with its `B`, `H_kv`, `D`
-    /// (`shape.s` is ignored: it comes with each step).
+    /// (`shape.s` is the capacity, as in [`GpuIndexer::new`]).
     ///
     /// Errors: a config or shape that disagrees with the prefill's (named), the others of
     /// [`GpuIndexer::new`].
@@ -183,7 +190,8 @@ impl GpuIndexer {
             "the indexer's stream",
             &format!("the indexer's runtime (device {})", dev.ordinal()),
         )?;
-        let kernels = Kernels::load(&rt, &cfg, select_variant)?;
+        // shape.s: the capacity, where a ratio heavy_size is largest
+        let kernels = Kernels::load(&rt, &cfg, shape.s, select_variant)?;
         let facts = kernels.facts(rt.device().sm_count());
         let state = DeviceState::new(stream, cfg, shape, &kernels, centroids, phi)?;
         Ok(GpuIndexer {
@@ -209,8 +217,8 @@ impl GpuIndexer {
         &self.rt
     }
 
-    /// The shape this indexer was made for (`s` as given at creation; each step brings
-    /// its own).
+    /// The shape this indexer was made for (`s` as given at creation, the capacity that
+    /// chose the select kernel; each step brings its own).
     pub fn shape(&self) -> Shape {
         self.state.shape
     }
@@ -272,8 +280,9 @@ impl GpuIndexer {
         Ok(())
     }
 
-    /// Variant id of the chunked select kernel in use ("none" where `heavy_size` exceeds
-    /// its compiled top-k widths: the histogram family then serves every step).
+    /// Variant id of the chunked select kernel in use ("none" where `heavy_size`, resolved
+    /// at the capacity `shape().s`, exceeds its compiled top-k widths: the histogram
+    /// family then serves every step).
     pub fn select_variant(&self) -> &str {
         self.kernels
             .select
@@ -395,6 +404,9 @@ impl GpuIndexer {
         key.check_extent("key", [sh.b, sh.h_kv, s, sh.d])?;
         self.check_placement(query, key)?;
         let plan = self.plan(s)?;
+        // the step's sizes, resolved at s (a captured graph holds them as arguments)
+        let c = &self.state.cfg;
+        let sizes = [c.sink_at(s), c.window_at(s), c.heavy_at(s)];
         self.state
             .ensure_buffers(&self.kernels, &self.arg_order, plan.kind.is_index(), s)?;
         let n_old = plan.n_old;
@@ -413,6 +425,7 @@ impl GpuIndexer {
             LaunchMode::Graph => {
                 let gkey = GraphKey {
                     s,
+                    sizes,
                     query: *query,
                     key: *key,
                     buffers: self.state.buffer_ptrs(),

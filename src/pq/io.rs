@@ -10,6 +10,10 @@
 //! and the config as string values in `__metadata__` under `sink_size`, `window_size`,
 //! `heavy_size`, `init_offset`, `pq_group_factor`, `pq_bits`, `metric` (optionally
 //! `weight_dtype`), each replaced by the matching [`PqConfigOverrides`] field when set.
+//! The three sizes are a count (`"128"`) or a ratio of `S` written with a decimal point
+//! (`"0.1"`: `floor(0.1 * S)` at each step; spec "Sizes given as ratios"); files written
+//! here hold them as [`Size`]'s `Display` writes them, so both forms round-trip and a
+//! file with integers keeps meaning counts.
 //! `pq_group_factor`, `pq_bits` and `metric` may be left out: they are then read off the
 //! centroids' shape (`M`, `K = 2^bits`, `d_c`); when given they must agree with it.
 //! `weight_dtype` defaults to the query's dtype (as upstream).
@@ -29,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::config::{DType, Metric, PqConfig, PqConfigOverrides, Shape};
+use super::config::{DType, Metric, PqConfig, PqConfigOverrides, Shape, Size};
 use super::ragged::{RaggedInputs, RaggedOutput};
 use super::reference::PqOutput;
 use super::workload::PqInputs;
@@ -318,6 +322,37 @@ fn meta_value<T: std::str::FromStr>(
     })
 }
 
+/// A pattern size from `__metadata__` (or its flag's override): a count (`"128"`) or a
+/// ratio of `S` (`"0.1"`), as [`Size::parse_field`] reads it.
+fn meta_size(
+    path: &Path,
+    meta: &HashMap<String, String>,
+    key: &'static str,
+    flag: &'static str,
+    over: Option<Size>,
+) -> Result<Size> {
+    if let Some(v) = over {
+        return Ok(v);
+    }
+    let txt = meta.get(key).ok_or_else(|| Error::PqMissingConfig {
+        path: path.to_path_buf(),
+        key,
+        flag,
+    })?;
+    Size::parse_field(key, txt).map_err(|e| match e {
+        Error::PqConfig {
+            field,
+            value,
+            expected,
+        } => Error::PqConfig {
+            field,
+            value,
+            expected: format!("{expected} (__metadata__ of {})", path.display()),
+        },
+        other => other,
+    })
+}
+
 /// Read a step's inputs and config from a safetensors file (see the module docs).
 ///
 /// Shapes are inferred from `query` and `key` and cross-checked against the other
@@ -400,33 +435,9 @@ pub fn read_inputs(path: &Path, over: &PqConfigOverrides) -> Result<(PqConfig, P
         }
     }
     let cfg = PqConfig {
-        sink_size: meta_value(
-            path,
-            &meta,
-            "sink_size",
-            "sink-size",
-            over.sink_size,
-            None,
-            uint,
-        )?,
-        window_size: meta_value(
-            path,
-            &meta,
-            "window_size",
-            "window-size",
-            over.window_size,
-            None,
-            uint,
-        )?,
-        heavy_size: meta_value(
-            path,
-            &meta,
-            "heavy_size",
-            "heavy-size",
-            over.heavy_size,
-            None,
-            uint,
-        )?,
+        sink_size: meta_size(path, &meta, "sink_size", "sink-size", over.sink_size)?,
+        window_size: meta_size(path, &meta, "window_size", "window-size", over.window_size)?,
+        heavy_size: meta_size(path, &meta, "heavy_size", "heavy-size", over.heavy_size)?,
         init_offset: meta_value(
             path,
             &meta,

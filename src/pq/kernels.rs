@@ -49,20 +49,31 @@ pub(crate) fn constexpr_usize(k: &Kernel, name: &str) -> Result<usize> {
         })
 }
 
-/// Select-kernel variant names for this config: `pq_select.h<K_PAD>.q_<qt>.w_<wt>`.
+/// Select-kernel variant names for this config at sequence length `s`:
+/// `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, `K_PAD` the smallest of [`K_PADS`] at least
+/// `heavy_size` resolved at `s` ([`PqConfig::heavy_at`]; a count `heavy_size` gives the
+/// same name at every `s`). An indexer passes its capacity `S_alloc`, the largest `S`
+/// it expects, so that its kernel serves every step up to there (a ratio's resolved
+/// size grows with `S`).
 ///
-/// Errors: [`Error::Invalid`] when `heavy_size` exceeds the largest of [`K_PADS`].
-pub fn select_kernel_name(cfg: &PqConfig) -> Result<String> {
+/// Errors: [`Error::Invalid`] when the resolved `heavy_size` exceeds the largest of
+/// [`K_PADS`].
+pub fn select_kernel_name(cfg: &PqConfig, s: usize) -> Result<String> {
+    let heavy = cfg.heavy_at(s);
     let k_pad = K_PADS
         .iter()
         .copied()
-        .find(|&p| p >= cfg.heavy_size)
+        .find(|&p| p >= heavy)
         .ok_or_else(|| {
+            let size = if cfg.heavy_size.is_ratio() {
+                format!("{} (heavy_size {} at S = {s})", heavy, cfg.heavy_size)
+            } else {
+                heavy.to_string()
+            };
             Error::invalid(
                 "heavy_size",
                 format!(
-                    "{} exceeds the largest compiled top-k width {} (K_PADS in kernels_triton/pq_select.py)",
-                    cfg.heavy_size,
+                    "{size} exceeds the largest compiled top-k width {} (K_PADS in kernels_triton/pq_select.py)",
                     K_PADS[K_PADS.len() - 1]
                 ),
             )
@@ -165,8 +176,10 @@ pub(crate) struct SelectKernel {
 
 /// The kernels of one indexer configuration.
 pub(crate) struct Kernels {
-    /// `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, where `heavy_size` fits a compiled top-k width
-    /// (at most 512); the histogram family takes any heavy size.
+    /// `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, where `heavy_size` resolved at the indexer's
+    /// capacity `S_alloc` fits a compiled top-k width (at most 512); the histogram
+    /// family takes any heavy size. A step whose resolved heavy size exceeds its `K_PAD`
+    /// cannot take it ([`PlanFacts::chunked`]).
     pub select: Option<SelectKernel>,
     /// `pq_hist.m<MP>.q_<qt>.w_<wt>`, where the config allows it (`K^M <= 4096`, M <= 4).
     pub hist: Option<Arc<Kernel>>,
@@ -193,15 +206,22 @@ impl Kernels {
     /// Load the kernels of `cfg` (validated, `K <= 256`) from `rt`: the select kernel's
     /// variant `select_variant` (else the manifest default for this GPU), the others'
     /// defaults; the histogram and indexed paths' kernels where the config allows them
-    /// (the indexed path only where its variants are built).
+    /// (the indexed path only where its variants are built). The select kernel is the
+    /// one for `heavy_size` resolved at `s_alloc`, the largest `S` the indexer expects
+    /// (a ratio's count grows with `S`; a count is the same everywhere).
     ///
     /// Errors: a missing kernel variant or constexpr, a select variant asked for while
     /// heavy_size is above the compiled top-k widths, driver errors.
-    pub fn load(rt: &Runtime, cfg: &PqConfig, select_variant: Option<&str>) -> Result<Self> {
+    pub fn load(
+        rt: &Runtime,
+        cfg: &PqConfig,
+        s_alloc: usize,
+        select_variant: Option<&str>,
+    ) -> Result<Self> {
         let m = cfg.m();
         // heavy sizes above the largest top-k width: no chunked kernel (the plan refuses
         // the steps that would need it), unless a variant of it was asked for by name
-        let select = match (select_kernel_name(cfg), select_variant) {
+        let select = match (select_kernel_name(cfg, s_alloc), select_variant) {
             (Ok(name), _) => {
                 let kernel = rt.kernel_for(&name, select_variant)?;
                 let k_pad = constexpr_usize(&kernel, "K_PAD")?;
@@ -313,7 +333,7 @@ impl Kernels {
                 bucket_budget: INDEX_BUCKET_BUDGET_BYTES,
             }),
             bulk_min: BULK_QUANTIZE_MIN,
-            chunked: self.select.is_some(),
+            chunked: self.select.as_ref().map(|sk| sk.k_pad),
             range: self.range.as_ref().map(|rk| RangeFacts {
                 emit_tile: rk.emit_tile,
                 level_tile: rk.level_tile,

@@ -487,6 +487,18 @@ impl StepLaunches<'_> {
                 "the chunked select kernel is not built for this heavy size",
             )
         })?;
+        // and where its top-k width holds this step's heavy size (resolved at s)
+        let heavy = state.cfg.heavy_at(s);
+        if heavy > sk.k_pad {
+            return Err(Error::invalid(
+                "heavy_size",
+                format!(
+                    "{heavy} at S = {s} exceeds the top-k width {} of the loaded chunked \
+                     select kernel",
+                    sk.k_pad
+                ),
+            ));
+        }
         let k = &sk.kernel;
         let n_chunks = n.div_ceil(sk.chunk);
         let mut named = self.select_args(query, key, s, n_old)?;
@@ -542,9 +554,10 @@ impl StepLaunches<'_> {
             ("S", i32_arg("S", s)?),
             ("n_old", i32_arg("n_old", n_old)?),
             ("cap", i32_arg("cap", state.cap)?),
-            ("sink", i32_arg("sink_size", cfg.sink_size)?),
-            ("window", i32_arg("window_size", cfg.window_size)?),
-            ("heavy", i32_arg("heavy_size", cfg.heavy_size)?),
+            // the sizes resolved at this step's S (a ratio is floor(ratio * S))
+            ("sink", i32_arg("sink_size", cfg.sink_at(s))?),
+            ("window", i32_arg("window_size", cfg.window_at(s))?),
+            ("heavy", i32_arg("heavy_size", cfg.heavy_at(s))?),
             ("init_offset", i32_arg("init_offset", cfg.init_offset)?),
             (
                 "metric_ip",

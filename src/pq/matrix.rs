@@ -7,14 +7,15 @@
 //!   (2, 8), (4, 8)};
 //! - the large practical one, `B=4, S=131072`, `(M, bits) = (2, 6)`, twice: heavy
 //!   `floor(0.1 S) - 256` = 12851 (the spec's "10% of S minus 256", what the upstream
-//!   figures were measured with) and `floor(0.0921875 S)` = 12083 (the S=32768 ratio kept
-//!   at 131072);
+//!   figures were measured with) and heavy as the ratio `0.0921875` (the S=32768
+//!   fraction kept at 131072: `floor(0.0921875 S)` = 12083, resolved per step);
 //! - the reference and large workloads (fp32, `H_kv = H = 32`, heavy 128);
 //! - heavy in {128, 512, 2048, 8192} on the practical shape with `(M, bits) = (2, 6)`.
 //!
-//! Heavy sizes are integers computed here (ratios as config values are another change).
+//! Heavy sizes are integers computed here, except the ratio row.
 
 use crate::pq::config::{DType, Metric, PqConfig, Shape, Workload};
+use crate::pq::size::Size;
 
 /// The practical workloads' heavy fraction `0.1 - 256/32768 = 0.0921875 = 59/640`, as
 /// numerator and denominator (integer arithmetic: `floor(59 S / 640)` is exact).
@@ -55,9 +56,9 @@ pub const HEAVY_SWEEP: [usize; 4] = [128, 512, 2048, 8192];
 /// query, keys and weights, euclidean.
 pub fn practical_config(m: usize, bits: u32, heavy: usize) -> PqConfig {
     PqConfig {
-        sink_size: 128,
-        window_size: 128,
-        heavy_size: heavy,
+        sink_size: Size::Count(128),
+        window_size: Size::Count(128),
+        heavy_size: Size::Count(heavy),
         init_offset: 128,
         pq_group_factor: m,
         pq_bits: bits,
@@ -102,8 +103,11 @@ pub fn bench_matrix() -> Vec<MatrixRow> {
     });
     rows.push(MatrixRow {
         name: "practical-large-ratio".into(),
-        what: "large practical, M=2 bits=6, heavy floor(0.0921875 S)".into(),
-        cfg: practical_config(2, 6, practical_heavy(sl)),
+        what: "large practical, M=2 bits=6, heavy the ratio 0.0921875 of S".into(),
+        cfg: PqConfig {
+            heavy_size: Size::Ratio(0.0921875),
+            ..practical_config(2, 6, 0)
+        },
         shape: PRACTICAL_LARGE_SHAPE,
     });
     for w in [Workload::reference(), Workload::large()] {

@@ -88,14 +88,16 @@ pub struct SelectSizes {
 }
 
 impl SelectSizes {
-    /// The shipped sm_90 default for `cfg`: `CHUNK` [`SHIPPED_SELECT_CHUNK`], `K_PAD`
-    /// the smallest of [`K_PADS`] at least `heavy_size`; None where `heavy_size` exceeds
-    /// 512 (no chunked kernel is built for it).
-    pub fn shipped(cfg: &PqConfig) -> Option<SelectSizes> {
+    /// The shipped sm_90 default for `cfg` on an indexer of capacity `s_alloc`: `CHUNK`
+    /// [`SHIPPED_SELECT_CHUNK`], `K_PAD` the smallest of [`K_PADS`] at least `heavy_size`
+    /// resolved at `s_alloc`; None where that exceeds 512 (no chunked kernel is built for
+    /// it).
+    pub fn shipped(cfg: &PqConfig, s_alloc: usize) -> Option<SelectSizes> {
+        let heavy = cfg.heavy_at(s_alloc);
         K_PADS
             .iter()
             .copied()
-            .find(|&p| p >= cfg.heavy_size)
+            .find(|&p| p >= heavy)
             .map(|k_pad| SelectSizes {
                 chunk: SHIPPED_SELECT_CHUNK,
                 k_pad,

@@ -1,8 +1,9 @@
 //! The PQCache decode-step indexer (spec: `spec/pqcache-indexer.md` in the shared docs).
 //!
 //! Host side, no GPU code:
-//! - [`config`]: [`PqConfig`], [`Shape`], [`Metric`], [`DType`], validation and the
-//!   derived quantities (`K`, `d_s`, `d_c`, the short-path threshold, `total`).
+//! - [`config`]: [`PqConfig`], [`Shape`], [`Metric`], [`DType`], [`Size`] (a pattern
+//!   size as a count or a ratio of `S`, resolved per step), validation and the derived
+//!   quantities (`K`, `d_s`, `d_c`, the short-path threshold, `total`).
 //! - [`workload`]: [`PqInputs`], the host tensors of one step, and seeded generators
 //!   (standard normal; well-separated small integers for exact comparisons).
 //! - [`reference`](mod@reference): the CPU implementation of the spec with f64 scores ([`step`]), the
@@ -51,13 +52,14 @@ pub mod ragged;
 pub mod reference;
 pub mod shard_plan;
 pub mod sharded;
+mod size;
 mod state;
 #[cfg(feature = "cli")]
 pub mod tune;
 pub mod workload;
 
 pub use check::{check, check_exact, CheckMode, CheckReport};
-pub use config::{DType, Metric, PqConfig, PqConfigOverrides, Shape, Workload};
+pub use config::{DType, Metric, PqConfig, PqConfigOverrides, Shape, Size, Workload};
 pub use reference::{step, PqOutput};
 pub use workload::PqInputs;
 

@@ -196,10 +196,13 @@ pub struct PlanFacts {
     /// More new keys than this are quantized by `pq_quant` before the select kernel
     /// ([`BULK_QUANTIZE_MIN`] unless set otherwise, e.g. to measure the threshold).
     pub bulk_min: usize,
-    /// Whether the chunked select kernel (`pq_select`) is built for the config's
-    /// `heavy_size` (at most its largest top-k width, 512). The histogram family takes any
-    /// heavy size; a step that needs the chunked path without it is refused.
-    pub chunked: bool,
+    /// The top-k width `K_PAD` of the chunked select kernel (`pq_select`) loaded for
+    /// the config, None where none is (`heavy_size` resolved at the indexer's capacity
+    /// above 512, its largest width). A step can take the chunked path only where its
+    /// own resolved `heavy_size` is at most this (a ratio's count grows with `S`). The
+    /// histogram family takes any heavy size; a step that needs the chunked path
+    /// without a kernel for its heavy size is refused.
+    pub chunked: Option<usize>,
     /// The radix-select split path's kernels, where built (configs the combination
     /// histogram does not take: `K^M > 4096`, `M <= 4`).
     pub range: Option<RangeFacts>,
@@ -240,11 +243,13 @@ impl PlanFacts {
     /// shipped kernel set's defaults: the histogram family where [`hist_built_for`]
     /// (`TILE` [`SHIPPED_EMIT_TILE`]), `pq_index` with `pq_wfill` where
     /// [`index_built_for`] (`TP` [`SHIPPED_INDEX_TP`], budget
-    /// [`INDEX_BUCKET_BUDGET_BYTES`]), the chunked kernel where `heavy_size` is at most
-    /// 512, [`BULK_QUANTIZE_MIN`]. For planning and sizing on the CPU (tests, the bench
+    /// [`INDEX_BUCKET_BUDGET_BYTES`]), the chunked kernel where `heavy_size` resolved
+    /// at `s_alloc` is at most 512 (its smallest top-k width that holds it),
+    /// [`BULK_QUANTIZE_MIN`]. For planning and sizing on the CPU (tests, the bench
     /// matrix's definition); a live indexer reads its facts from the kernels it loaded
     /// (`GpuIndexer::plan_facts`).
-    pub fn shipped_sm90(cfg: &PqConfig, sm_count: u32) -> PlanFacts {
+    pub fn shipped_sm90(cfg: &PqConfig, s_alloc: usize, sm_count: u32) -> PlanFacts {
+        let heavy = cfg.heavy_at(s_alloc);
         PlanFacts {
             sm_count,
             hist: hist_built_for(cfg).then_some(HistFacts {
@@ -256,7 +261,7 @@ impl PlanFacts {
                 bucket_budget: INDEX_BUCKET_BUDGET_BYTES,
             }),
             bulk_min: BULK_QUANTIZE_MIN,
-            chunked: cfg.heavy_size <= K_PADS[K_PADS.len() - 1],
+            chunked: K_PADS.iter().copied().find(|&p| p >= heavy),
             range: range_built_for(cfg).then_some(RangeFacts {
                 emit_tile: SHIPPED_EMIT_TILE,
                 level_tile: SHIPPED_ROUND_TILE,
@@ -388,9 +393,16 @@ pub struct StepPlan {
 /// ([`SelectPath::Auto`]: split for fewer than [`AUTO_HIST_MIN_ROWS`] rows of at least
 /// [`AUTO_SPLIT_MIN_KEYS`] keys where split applies, `pq_hist` for at least
 /// [`AUTO_HIST_MIN_ROWS`] rows of at least [`AUTO_HIST_MIN_KEYS`] keys); else chunked.
+/// Every size is resolved at `s` (spec "Sizes given as ratios"): the short threshold,
+/// `k`, sink and window, and whether the loaded chunked kernel's top-k width
+/// ([`PlanFacts::chunked`]) holds this step's heavy size (if not, `Auto` takes the
+/// histogram family).
 ///
 /// Errors: [`Error::Invalid`] (`seq_len`) when `s == 0`, or on a long-path step when
-/// `s - init_offset < n_old` (the state is ahead of the sequence).
+/// `s - init_offset < n_old` (the state is ahead of the sequence); [`Error::Invalid`]
+/// (`heavy_size`, naming the resolved size, the kernel's width and why the chunked path
+/// was needed) when the step needs the chunked path and no loaded chunked kernel holds
+/// its heavy size.
 pub fn plan_step(
     cfg: &PqConfig,
     shape: &Shape,
@@ -422,13 +434,17 @@ pub fn plan_step(
         ));
     }
     let many = n - n_old > facts.bulk_min;
-    let (kind, bulk_quantize) = match hist_kind(cfg, shape, s, path, facts) {
+    // the chunked kernel serves this step where its top-k width holds the step's heavy
+    // size (resolved at this S: a ratio's count grows with S)
+    let heavy = cfg.heavy_at(s);
+    let chunked = facts.chunked.is_some_and(|k_pad| heavy <= k_pad);
+    let (kind, bulk_quantize) = match hist_kind(cfg, shape, s, path, facts, chunked) {
         // the kernel's quantizing CTAs write the new keys' codes while its row CTAs read
         // the candidates' codes: in the same launch only where no new key is a candidate
         Some(k) => (k, many || cfg.window_start(s) > n_old),
         None => (StepKind::Chunked, many),
     };
-    if kind == StepKind::Chunked && !facts.chunked {
+    if kind == StepKind::Chunked && !chunked {
         let why = if path == SelectPath::Chunked {
             "--select-path chunked was asked for".to_string()
         } else if facts.range.is_some() {
@@ -449,13 +465,22 @@ pub fn plan_step(
                 cfg.m()
             )
         };
+        let size = if cfg.heavy_size.is_ratio() {
+            format!("{heavy} (heavy_size {} at S = {s})", cfg.heavy_size)
+        } else {
+            heavy.to_string()
+        };
+        let width = match facts.chunked {
+            // a ratio heavy_size resolved at the indexer's capacity fit a smaller width
+            Some(k_pad) => format!(
+                "the top-k width {k_pad} of the chunked select kernel loaded for this \
+                 indexer (chosen for heavy_size at its capacity S; the largest built is 512)"
+            ),
+            None => "512, the largest top-k width of the chunked select kernel".into(),
+        };
         return Err(Error::invalid(
             "heavy_size",
-            format!(
-                "{} exceeds 512, the largest top-k width of the chunked select kernel, \
-                 which this step needs: {why}",
-                cfg.heavy_size
-            ),
+            format!("{size} exceeds {width}, which this step needs: {why}"),
         ));
     }
     Ok(StepPlan {
@@ -485,19 +510,22 @@ pub fn takes_index(
     path: SelectPath,
     facts: &PlanFacts,
 ) -> bool {
+    let chunked = facts.chunked.is_some_and(|k_pad| cfg.heavy_at(s) <= k_pad);
     s > 0
         && !cfg.is_short(s)
-        && hist_kind(cfg, shape, s, path, facts).is_some_and(StepKind::is_index)
+        && hist_kind(cfg, shape, s, path, facts, chunked).is_some_and(StepKind::is_index)
 }
 
 /// The histogram path's kind for a long-path step, None where it is not built or `path`
-/// declines it (any number of new keys: `plan_step` quantizes them first where needed).
+/// declines it (any number of new keys: `plan_step` quantizes them first where needed);
+/// `chunked`: whether the chunked kernel could serve this step instead.
 fn hist_kind(
     cfg: &PqConfig,
     shape: &Shape,
     s: usize,
     path: SelectPath,
     facts: &PlanFacts,
+    chunked: bool,
 ) -> Option<StepKind> {
     let rows = shape.b * shape.h;
     let n = cfg.n_quantized(s);
@@ -567,7 +595,7 @@ fn hist_kind(
         // many heavy picks, or no chunked kernel for this heavy size: the histogram
         // family whatever the shape, split wherever it applies (faster than pq_hist with
         // many picks at 32 and at 128 rows, see above)
-        SelectPath::Auto if many_picks || !facts.chunked => (true, split_applies),
+        SelectPath::Auto if many_picks || !chunked => (true, split_applies),
         SelectPath::Auto => {
             let split = split_applies && rows < AUTO_HIST_MIN_ROWS && n >= AUTO_SPLIT_MIN_KEYS;
             (

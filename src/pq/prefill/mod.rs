@@ -29,7 +29,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{DType, Metric, PqConfig};
+use super::config::{DType, Metric, PqConfig, Size};
 use crate::error::{Error, Result};
 
 pub mod check;
@@ -188,19 +188,19 @@ impl PrefillConfig {
     }
 
     /// The decode config that continues this prefill's codebook: this config's `M`,
-    /// bits, metric, `init_offset` and `input_dtype`, with the given pattern sizes and
-    /// `weight_list` dtype.
+    /// bits, metric, `init_offset` and `input_dtype`, with the given pattern sizes
+    /// (counts or ratios of `S`, see [`Size`]) and `weight_list` dtype.
     pub fn pq_config(
         &self,
-        sink_size: usize,
-        window_size: usize,
-        heavy_size: usize,
+        sink_size: impl Into<Size>,
+        window_size: impl Into<Size>,
+        heavy_size: impl Into<Size>,
         weight_dtype: DType,
     ) -> PqConfig {
         PqConfig {
-            sink_size,
-            window_size,
-            heavy_size,
+            sink_size: sink_size.into(),
+            window_size: window_size.into(),
+            heavy_size: heavy_size.into(),
             init_offset: self.init_offset,
             pq_group_factor: self.pq_group_factor,
             pq_bits: self.pq_bits,

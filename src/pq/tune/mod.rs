@@ -203,7 +203,7 @@ pub fn tunable_kernels(store: &ArtifactStore) -> Vec<String> {
 pub fn default_kernels(w: &Workload) -> Result<Vec<String>> {
     Ok(vec![
         SCORE_V6.to_string(),
-        select_kernel_name(&w.config())?,
+        select_kernel_name(&w.config(), w.seq_len as usize)?,
         format!("{SCORE_LUT_PREFIX}fp32"),
     ])
 }
@@ -216,7 +216,7 @@ pub fn default_kernels(w: &Workload) -> Result<Vec<String>> {
 ///
 /// As [`select_kernel_name`] and [`bucket_for`].
 pub fn select_bucket(cfg: &PqConfig, shape: &Shape, arch: u32) -> Result<ShapeBucket> {
-    let name = select_kernel_name(cfg)?;
+    let name = select_kernel_name(cfg, shape.s)?;
     bucket_for(
         &name,
         &[cfg.input_dtype.as_str(), cfg.weight_dtype.as_str()],
@@ -226,7 +226,7 @@ pub fn select_bucket(cfg: &PqConfig, shape: &Shape, arch: u32) -> Result<ShapeBu
             cfg.n_quantized(shape.s) as u64,
             cfg.d_sub(shape.d) as u32,
             cfg.k_centroids() as u32,
-            cfg.heavy_size as u32,
+            u32::try_from(cfg.heavy_at(shape.s)).unwrap_or(u32::MAX),
         ),
     )
 }
@@ -281,7 +281,7 @@ pub fn tuned_select_variant_in(
         return None;
     }
     let dev = rt.device();
-    let name = select_kernel_name(cfg).ok()?;
+    let name = select_kernel_name(cfg, shape.s).ok()?;
     let set = candidate_set(rt.store(), &name, dev.cc()).ok()?;
     let bucket = select_bucket(cfg, shape, dev.arch()).ok()?;
     let sel = table.select(&device_key(dev), &set, &bucket);
@@ -391,7 +391,7 @@ pub fn gpu_targets_on(rt: Arc<Runtime>, req: &GpuRequest) -> Result<GpuSession> 
 
 fn resolve_alias(name: &str, w: &Workload) -> Result<String> {
     Ok(match name {
-        "pq_select" | "select" => select_kernel_name(&w.config())?,
+        "pq_select" | "select" => select_kernel_name(&w.config(), w.seq_len as usize)?,
         "pq_score_lut" | "lut" => format!("{SCORE_LUT_PREFIX}fp32"),
         "v6" | "pq_score" => SCORE_V6.to_string(),
         other => other.to_string(),

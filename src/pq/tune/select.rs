@@ -65,14 +65,15 @@ impl SelectTarget {
         let shape = w.shape();
         cfg.validate(&shape)?;
         let name = set.kernel().to_string();
-        let want = select_kernel_name(&cfg)?;
+        let want = select_kernel_name(&cfg, shape.s)?;
         if want != name {
             return Err(Error::invalid(
                 "kernel",
                 format!(
-                    "{name} does not serve workload {w}: heavy={} uses {want} (the smallest \
-                     compiled top-k width >= heavy)",
-                    w.heavy
+                    "{name} does not serve workload {w}: heavy={} (at S = {}) uses {want} \
+                     (the smallest compiled top-k width >= heavy)",
+                    cfg.heavy_at(shape.s),
+                    shape.s
                 ),
             ));
         }
@@ -104,7 +105,7 @@ impl SelectTarget {
                     format!(
                         "{w}: S={ss} takes the short path (S <= heavy + init_offset + 1 + K = \
                          {}), where the select kernel does not run",
-                        cfg.short_threshold()
+                        cfg.short_threshold(ss)
                     ),
                 ));
             }
