@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CPU check of the radix-select threshold (``pq_range.py``: ``pq_rlut_kernel``, then
-``pq_rround_kernel`` three times, then ``pq_emit_kernel``) under Triton's interpreter (no
+``pq_rround_kernel`` four times, then ``pq_emit_kernel``) under Triton's interpreter (no
 GPU, no torch).
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_range.py [--case NAME] [--seed N]
@@ -57,8 +57,7 @@ def run_range(st, S, n_old, cfg, tile, rtile, mp, reverse=False):
     ctx = reversed_grid if reverse else _nothing
     with ctx():
         pq_rlut_kernel[(rows, M, -(-K // RLUT_FIXED["BLOCK_C"]) + 1)](
-            q, key, cent, st["phi"], st["codes"], st["lut"], flag, ctr,
-            H * D, D, H_kv * Sk * D, Sk * D, D,
+            q, key, cent, st["phi"], st["codes"], st["lut"], flag, ctr, H * D, D, H_kv * Sk * D, Sk * D, D,
             H, G, M, K, D // M, S, n_old, st["cap"], io, st["metric_ip"], NP, **RLUT_FIXED, num_warps=4)
         assert not flag.a.any() and ctr.a[0] == 0, "pq_rlut left the emit's flags or counter non-zero"
         rounds = 0
@@ -66,8 +65,7 @@ def run_range(st, S, n_old, cfg, tile, rtile, mp, reverse=False):
             rounds += int(rd == 0 or (rst.a[:, 7] == 0).any())
             pq_rround_kernel[(LP, rows)](
                 st["codes"], st["lut"], rst, st["rhist"], st["rtick"], bnd, need, H, G, M, K, S, st["cap"],
-                cfg["heavy"], io, cfg["window"], LP, rd, MP=mp, KP=RROUND_FIXED["KP"], TILE=rtile, NB=NB,
-                num_warps=4)
+                cfg["heavy"], io, cfg["window"], LP, rd, MP=mp, TILE=rtile, **RROUND_FIXED, num_warps=4)
             assert not st["rhist"].a.any(), "a round left its histogram non-zero"
             assert not st["rtick"].a.any(), "a round left its counter non-zero"
         assert np.all(rst.a[:, 7] == 1), f"rows not resolved after {LEVELS} rounds: {np.flatnonzero(rst.a[:, 7] != 1)}"

@@ -24,31 +24,35 @@ value, or no wider than ``1e-5 (1 + |x|)`` (a tenth of the spec's tolerance ``1e
 |score|)``: keys in it are near-ties, taken in position order). Then ``pq_emit`` gets
 the split path's class bounds: ``t_sure`` = the bin's upper edge (every candidate at or
 above it is taken), ``t_maybe`` = its lower edge, ``need`` (candidates in ``[t_maybe,
-t_sure)`` taken in position order while fewer than ``need`` are). Ranks span at most
-2^16, so three rounds always resolve: a value round leaves at most 2^16 / 4096 = 16, a
-second at most 2^-8, a third 2^-20 (below the tolerance), and an integer round follows a
-value round only where the bin is under 2^13 ulps (two integer rounds at most).
+t_sure)`` taken in position order while fewer than ``need`` are). The first round has
+``NB0 = 256`` bins, counted per CTA (``tl.histogram``) before its global atomics: with
+4096 bins every key's atomic met the few bins where most keys fall (measured: the first
+round then cost more than the other three together). Ranks span at most 2^16, so four
+rounds always resolve: value rounds leave at most 2^16 / 256 = 256, then 2^-4, 2^-16
+(under the tolerance) or, where the range turned narrower than 2^13 ulps first, integer
+rounds finish it in two (a range that narrow lies within two binades: under 2^14 keys).
 
 ``pq_rlut_kernel``, grid ``(B*H, M, cdiv(K, BLOCK_C) + 1)``: CTA ``(r, m, i)`` writes
 entries ``i*BLOCK_C ..`` of row ``m`` of head ``r``'s lookup table ``lut f32 [B*H, M,
 K]`` (one tile of centroids each: the table's latency chain spread over many CTAs); the
 last CTA of each ``(r, m)`` quantizes subvector ``m`` of the step's new keys for the KV
 group of ``r`` (its first head only; the host routes a step here only when the new keys
-are not candidates). CTA ``(r, 0, 0)`` also zeroes the emit's part flags ``flag i64
-[B*H, NP]`` and (row 0) its ticket counter ``ctr i32 [1]``.
+are not candidates). CTA ``(r, 0, 0)`` also zeroes the emit's part flags ``flag i64 [B*H, NP]`` and (row 0) its
+ticket counter ``ctr i32 [1]``.
 
-``pq_rround_kernel``, grid ``(LP, B*H)``, ``LP = cdiv(w0, TILE)``, launched three times
-(``ROUND`` 0, 1, 2): CTA ``(c, r)`` scores candidates ``c*TILE ..`` of row ``r`` and adds
-those in the range to the row's histogram ``rhist i32 [B*H, NB]`` (global atomics), then
-takes a ticket on the row's counter ``rtick i32 [B*H]``; the row's last CTA to arrive (no
-CTA waits for another) closes the round and leaves the histogram and the counter zero.
-Round 0 starts every row from its lookup table: ``[a, b)`` = the ranks of ``lo = sum_m
-min_c lut[m, c]`` and just above ``hi`` (maxima), added in the keys' order, so by the
-monotonicity of rounding every key lies in it; the full rank range where the table holds
-a non-finite entry; ``need = min(k, w0)``. Later rounds read the row's state ``rst i64
-[B*H, 8]`` (mode, ``a``, ``b`` as f32 bits, integer range, shift, ``need``, done) and exit
-at once on a resolved row. The closing CTA writes ``bnd f32 [B*H, 2]`` = ``(t_sure,
-t_maybe)`` and ``need i32 [B*H]`` when the row resolves (``k = 0``: nothing is taken).
+``pq_rround_kernel``, grid ``(LP, B*H)``, ``LP = cdiv(w0, TILE)``, launched four times
+(``ROUND`` 0 .. 3): CTA ``(c, r)`` scores candidates ``c*TILE ..`` of row
+``r`` and adds those in the range to the row's histogram ``rhist i32 [B*H, NB]``
+(global atomics), then takes a ticket on the row's counter ``rtick i32 [B*H]``; the
+row's last CTA to arrive (no CTA waits for another) closes the round and leaves the
+histogram and the counter zero. Round 0 starts every row from its lookup table: ``[a,
+b)`` = the ranks of ``lo = sum_m min_c lut[m, c]`` and just above ``hi`` (maxima), added
+in the keys' order, so by the monotonicity of rounding every key lies in it; the full
+rank range where the table holds a non-finite entry; ``need = min(k, w0)``. Later rounds
+read the row's state ``rst i64 [B*H, 8]`` (mode, ``a``, ``b`` as f32 bits, integer range,
+shift, ``need``, done) and exit at once on a resolved row. The closing CTA writes ``bnd
+f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and ``need i32 [B*H]`` when the row resolves (``k
+= 0``: nothing is taken).
 
 Launch contract: README.md in this directory. Host preconditions: those of the split
 emit (``init_offset >= sink'``, ``S - window' >= init_offset``, ``w0 >= k``) and no new
@@ -194,6 +198,21 @@ def _resolve(bnd_ptr, need_ptr, rs, r, r64, t_sure, t_maybe, need):
 
 
 @triton.jit
+def _quantize_new(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, m0, m1, M, K, d_s, d_c, n_old, n,
+                  cap, init_offset, metric_ip, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
+    """Codes of KV head ``(b, g)``'s new keys ``n_old <= j < n``, subvectors ``m0 <= m <
+    m1`` (spec step 1)."""
+    krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
+    for m in range(m0, m1):
+        cbase = ((bg * M + m) * K) * d_c
+        phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
+        for tq in range(n_old, n):
+            ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c, K,
+                          metric_ip, BLOCK_C, BLOCK_DS)
+            tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
+
+
+@triton.jit
 def pq_rlut_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, lut_ptr, flag_ptr, ctr_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
@@ -206,40 +225,36 @@ def pq_rlut_kernel(
     i = tl.program_id(2)
     r64, b, h, g, bg = _row_ids(r, H, G)
     d_c = d_s + metric_ip
-    cbase = ((bg * M + m) * K) * d_c
     if i == tl.cdiv(K, BLOCK_C):
         # subvector m of the new keys' codes, once per KV group (its first head's row)
         if h % G == 0:
-            n = S - init_offset
-            krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
-            phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
-            for tq in range(n_old, n):
-                ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c, K,
-                              metric_ip, BLOCK_C, BLOCK_DS)
-                tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
-    else:
-        if (m == 0) & (i == 0):
-            # the emit's part flags of this row (and its ticket counter) start at zero
-            for q0 in range(0, NP, 1024):
-                qq = q0 + tl.arange(0, 1024)
-                tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
-            if r == 0:
-                tl.store(ctr_ptr, 0)
-        # table entries c = i*BLOCK_C .. of subvector m
-        qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh + m * d_s
-        offs_c = i * BLOCK_C + tl.arange(0, BLOCK_C)
-        acc = tl.zeros([BLOCK_C], tl.float32)
-        for d0 in range(0, d_s, BLOCK_DS):
-            qv, cv = _lut_tile(q_ptr, qrow, cent_ptr, cbase, offs_c, d0 + tl.arange(0, BLOCK_DS), d_s, d_c, K, True)
-            acc += _row_dots(cv, qv)
-        tl.store(lut_ptr + (r64 * M + m) * K + offs_c, acc, mask=offs_c < K)
+            _quantize_new(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, m, m + 1, M, K, d_s, d_c,
+                          n_old, S - init_offset, cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
+        return
+    if (m == 0) & (i == 0):
+        # the emit's part flags of this row (and its ticket counter) start at zero
+        for q0 in range(0, NP, 1024):
+            qq = q0 + tl.arange(0, 1024)
+            tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
+        if r == 0:
+            tl.store(ctr_ptr, 0)
+    # table entries c = i*BLOCK_C .. of subvector m
+    qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh + m * d_s
+    offs_c = i * BLOCK_C + tl.arange(0, BLOCK_C)
+    acc = tl.zeros([BLOCK_C], tl.float32)
+    for d0 in range(0, d_s, BLOCK_DS):
+        qv, cv = _lut_tile(q_ptr, qrow, cent_ptr, ((bg * M + m) * K) * d_c, offs_c, d0 + tl.arange(0, BLOCK_DS), d_s,
+                           d_c, K, True)
+        acc += _row_dots(cv, qv)
+    tl.store(lut_ptr + (r64 * M + m) * K + offs_c, acc, mask=offs_c < K)
 
 
 @triton.jit
 def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, r, r64, mode, a, b, base, top, sh, need, NB: tl.constexpr):
-    """The row's last CTA of a round: keep the bin holding the ``need``-th largest
-    candidate of the range (counting from the top), then resolve the row or narrow its
-    range to that bin; leave the histogram and counter zero."""
+    """The row's last CTA of a round of ``NB`` bins: keep the bin holding the ``need``-th
+    largest candidate of the range (counting from the top), then resolve the row or
+    narrow its range to that bin (for rounds of 4096 bins); leave the histogram (its
+    first ``NB`` bins, the only ones this round used) and counter zero."""
     bins = tl.arange(0, NB)
     cnt = tl.load(hrow + bins, cache_modifier=".cg")
     ge = tl.cumsum(cnt, axis=0, reverse=True)  # candidates in bins >= d
@@ -253,7 +268,7 @@ def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, r, r64, mode, a, b, base, to
         if (hi - lo) <= 1e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi))):
             _resolve(bnd_ptr, need_ptr, rs, r, r64, hi, lo, need2)
         elif _narrow(lo, hi):
-            nbase, ntop, nsh = _int_range(lo, hi, NB)
+            nbase, ntop, nsh = _int_range(lo, hi, 4096)  # the next rounds' NB
             _store_state(rs, 1, lo, hi, nbase, ntop, nsh, need2, 0)
         else:
             _store_state(rs, 0, lo, hi, base, top, sh, need2, 0)
@@ -270,10 +285,23 @@ def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, r, r64, mode, a, b, base, to
 
 
 @triton.jit
+def _round_bins(x, cand, mode, a, b, base, top, sh, NBR: tl.constexpr):
+    """The candidates in the row's range and their bins (of ``NBR``) for this round."""
+    if mode == 0:
+        hit = cand & (x >= a) & (x < b)
+        d = _value_bin(x, a, b, NBR)
+    else:
+        u = _ukey(x)
+        hit = cand & (u >= base) & (u < top)
+        d = ((u - base) >> sh).to(tl.int32)
+    return hit, tl.minimum(tl.maximum(d, 0), NBR - 1)
+
+
+@triton.jit
 def pq_rround_kernel(
     codes_ptr, lut_ptr, rst_ptr, rhist_ptr, rtick_ptr, bnd_ptr, need_ptr,  #
     H, G, M, K, S, cap, heavy, init_offset, window, LP, ROUND,  #
-    MP: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr,
+    MP: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, NB0: tl.constexpr, NB: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
     tl.static_assert(NB == 4096)  # 2^NB_BITS
@@ -283,42 +311,47 @@ def pq_rround_kernel(
     rs = rst_ptr + r64 * 8
     lut_row = lut_ptr + r64 * M * K
     _, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)
+    j = c * TILE + tl.arange(0, TILE)
+    cand = j < w0
     if ROUND == 0:
         need = tl.minimum(k, w0).to(tl.int64)
-        a, b = _rank_bounds(lut_row, M, K, MP, KP)
-        mode = _narrow(a, b).to(tl.int32)
-        base, top, sh = _int_range(a, b, NB)
-        done = need <= 0
-        if done & (c == 0):
-            _store_state(rs, mode, a, b, base, top, sh, need, 1)
-            _resolve(bnd_ptr, need_ptr, rs, r, r64, NO_PICK, NO_PICK, need * 0)
-    else:
-        done = tl.load(rs + 7) != 0
-        mode = tl.load(rs + 0).to(tl.int32)
-        a = tl.load(rs + 1).to(tl.int32).to(tl.float32, bitcast=True)
-        b = tl.load(rs + 2).to(tl.int32).to(tl.float32, bitcast=True)
-        base = tl.load(rs + 3)
-        top = tl.load(rs + 4)
-        sh = tl.load(rs + 5)
-        need = tl.load(rs + 6)
-    if not done:
-        j = c * TILE + tl.arange(0, TILE)
-        x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
-        cand = j < w0
-        if mode == 0:
-            hit = cand & (x >= a) & (x < b)
-            d = _value_bin(x, a, b, NB)
+        if need <= 0:
+            if c == 0:
+                _resolve(bnd_ptr, need_ptr, rs, r, r64, NO_PICK, NO_PICK, need)
         else:
-            u = _ukey(x)
-            hit = cand & (u >= base) & (u < top)
-            d = ((u - base) >> sh).to(tl.int32)
-        hrow = rhist_ptr + r64 * NB
-        tl.atomic_add(hrow + d, tl.full([TILE], 1, tl.int32), mask=hit, sem="relaxed")
-        # the row's last CTA to arrive closes the round (no CTA waits for another)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
-        if arrived == LP - 1:
-            _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, mode, a, b, base, top, sh, need, NB)
+            # the first round: NB0 bins, counted per CTA (tl.histogram) before the
+            # atomics, which would otherwise meet on the few bins most keys fall in
+            a, b = _rank_bounds(lut_row, M, K, MP, KP)
+            mode = _narrow(a, b).to(tl.int32)
+            base, top, sh = _int_range(a, b, NB0)
+            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
+            hit, d = _round_bins(x, cand, mode, a, b, base, top, sh, NB0)
+            cnt = tl.histogram(d, NB0, mask=hit)
+            hrow = rhist_ptr + r64 * NB
+            bins = tl.arange(0, NB0)
+            tl.atomic_add(hrow + bins, cnt, mask=cnt > 0, sem="relaxed")
+            # the row's last CTA to arrive closes the round (no CTA waits for another)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
+            if arrived == LP - 1:
+                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, mode, a, b, base, top, sh, need, NB0)
+    else:
+        if tl.load(rs + 7) == 0:
+            mode = tl.load(rs + 0).to(tl.int32)
+            a = tl.load(rs + 1).to(tl.int32).to(tl.float32, bitcast=True)
+            b = tl.load(rs + 2).to(tl.int32).to(tl.float32, bitcast=True)
+            base = tl.load(rs + 3)
+            top = tl.load(rs + 4)
+            sh = tl.load(rs + 5)
+            need = tl.load(rs + 6)
+            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
+            hit, d = _round_bins(x, cand, mode, a, b, base, top, sh, NB)
+            hrow = rhist_ptr + r64 * NB
+            tl.atomic_add(hrow + d, tl.full([TILE], 1, tl.int32), mask=hit, sem="relaxed")
+            tl.debug_barrier()
+            arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
+            if arrived == LP - 1:
+                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, mode, a, b, base, top, sh, need, NB)
 
 
 # ----------------------------------------------------------------------------------
@@ -326,9 +359,9 @@ def pq_rround_kernel(
 
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows per key: M <= MP
-LEVELS = 3  # rounds launched per step (see the module docstring: three always resolve)
+LEVELS = 4  # rounds launched per step (see the module docstring: four always resolve)
 RLUT_FIXED = {"BLOCK_C": 64, "BLOCK_DS": 64}
-RROUND_FIXED = {"KP": 256, "NB": 4096}
+RROUND_FIXED = {"KP": 256, "NB0": 256, "NB": 4096}
 
 
 def _rlut_args(qt):
@@ -357,6 +390,5 @@ for _qt in DTYPES:
                variants={80: single({}, 8, 1), 90: single({}, 8, 1)}))
 for _mp in MPS:
     KERNELS.append(
-        Kernel(name=f"pq_rround.m{_mp}", fn=pq_rround_kernel, args=_rround_args(),
-               fixed=dict(RROUND_FIXED, MP=_mp),
+        Kernel(name=f"pq_rround.m{_mp}", fn=pq_rround_kernel, args=_rround_args(), fixed=dict(RROUND_FIXED, MP=_mp),
                variants={80: single({"TILE": 4096}, 8, 1), 90: single({"TILE": 4096}, 8, 1)}))

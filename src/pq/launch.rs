@@ -372,7 +372,7 @@ impl StepLaunches<'_> {
         // parts, the codes (cap >= n keys; rounds read codes j < w0 <= n_old, pq_rlut
         // writes codes n_old .. n) and the outputs. Grids: pq_rlut (rows, M, cdiv(K, BLOCK_C)
         // + 1): CTA (r, m, i) writes lut[r, m, i*BLOCK_C ..] (masked to c < K), the last of
-        // each (r, m) subvector m's new codes of r's KV group;
+        // each (r, m) subvector m's new codes of r's KV group; pq_rround (level_parts, rows);
         // pq_rround (level_parts, rows), each row's round closed by the CTA whose arrival
         // ticket is level_parts - 1; pq_emit exactly rows x parts CTAs, each taking one
         // ticket < rows x parts.
