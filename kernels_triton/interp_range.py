@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CPU check of the radix-select threshold (``pq_range.py``: ``pq_rlut_kernel``, then
-``pq_rround_kernel`` four times, then ``pq_emit_kernel``) under Triton's interpreter (no
+``pq_rround_kernel`` three times, then ``pq_emit_kernel``) under Triton's interpreter (no
 GPU, no torch).
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_range.py [--case NAME] [--seed N]
@@ -50,25 +50,28 @@ def run_range(st, S, n_old, cfg, tile, rtile, mp, reverse=False):
     need = Arr(np.full(rows, -7, np.int32))
     flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_rlut zeroes them
     ctr = Arr(np.full(1, 12345, np.int32))
-    rst = Arr(np.full((rows, 8), -99, np.int64))  # poisoned: round 0 starts every row
+    rst = Arr(np.full((rows, 4), -99, np.int64))  # poisoned: round 0 starts every row
+    nch = -(-K // RLUT_FIXED["BLOCK_C"])
+    qd = Arr(np.full((B * H_kv, M, nch), np.nan, np.float32))
+    qc = Arr(np.full((B * H_kv, M, nch), -1, np.int32))
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
     G = H // H_kv
     ctx = reversed_grid if reverse else _nothing
     with ctx():
-        pq_rlut_kernel[(rows, M, -(-K // RLUT_FIXED["BLOCK_C"]) + 1)](
-            q, key, cent, st["phi"], st["codes"], st["lut"], flag, ctr, H * D, D, H_kv * Sk * D, Sk * D, D,
-            H, G, M, K, D // M, S, n_old, st["cap"], io, st["metric_ip"], NP, **RLUT_FIXED, num_warps=4)
+        pq_rlut_kernel[(rows, M, nch)](
+            q, key, cent, st["phi"], qd, qc, st["lut"], flag, ctr, H * D, D, H_kv * Sk * D, Sk * D, D,
+            H, G, M, K, D // M, S, n_old, io, st["metric_ip"], NP, **RLUT_FIXED, num_warps=4)
         assert not flag.a.any() and ctr.a[0] == 0, "pq_rlut left the emit's flags or counter non-zero"
         rounds = 0
         for rd in range(LEVELS):
-            rounds += int(rd == 0 or (rst.a[:, 7] == 0).any())
+            rounds += int(rd == 0 or (rst.a[:, 3] == 0).any())
             pq_rround_kernel[(LP, rows)](
-                st["codes"], st["lut"], rst, st["rhist"], st["rtick"], bnd, need, H, G, M, K, S, st["cap"],
-                cfg["heavy"], io, cfg["window"], LP, rd, MP=mp, TILE=rtile, **RROUND_FIXED, num_warps=4)
+                st["codes"], st["lut"], qd, qc, rst, st["rhist"], st["rtick"], bnd, need, H, G, M, K, S, n_old,
+                st["cap"], cfg["heavy"], io, cfg["window"], LP, rd, MP=mp, TILE=rtile, **RROUND_FIXED, num_warps=4)
             assert not st["rhist"].a.any(), "a round left its histogram non-zero"
             assert not st["rtick"].a.any(), "a round left its counter non-zero"
-        assert np.all(rst.a[:, 7] == 1), f"rows not resolved after {LEVELS} rounds: {np.flatnonzero(rst.a[:, 7] != 1)}"
+        assert np.all(rst.a[:, 3] == 1), f"rows not resolved after {LEVELS} rounds: {np.flatnonzero(rst.a[:, 3] != 1)}"
         pq_emit_kernel[(rows * NP, )](
             st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, H, G, M, K, S, st["cap"], cfg["sink"],
             cfg["window"], cfg["heavy"], io, NP, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)

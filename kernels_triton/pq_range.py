@@ -6,69 +6,68 @@ combination histogram.
 ``K^M <= 4096`` (PQCache's (M, bits) = (2, 6)). With (2, 8) or (4, 8) there are 65536 or
 2^32 combinations, so here the threshold is found on the keys themselves. Each key's
 score is the rank ``x = _rank_score(sum_m lut[m, code_m])``, computed exactly as
-``pq_emit`` computes it (``_part_scores``). Rounds of an ``NB``-bin histogram narrow a
-range ``[a, b)`` of ranks that holds the ``need``-th largest candidate still to place:
+``pq_emit`` computes it (``_part_scores``). Rounds of a histogram narrow a range ``[a,
+b)`` of ranks that holds the ``need``-th largest candidate still to place:
 
-* value rounds: ``NB`` bins of equal width ``w = (b - a) / NB`` with edges ``e_i = a +
-  i*w`` (rounded once each, clamped to ``b``): a key's bin is the number of edges at or
-  below it (a first guess from ``(x - a) / w``, corrected against the two edges), so a
-  bin holds exactly the ranks ``e_d <= x < e_{d+1}`` and ``pq_emit``'s comparisons
-  against two edges select the same keys. Used while a bin stays at least 2^13 ulps
-  wide, where one correction suffices.
-* integer rounds, once the range is narrower: the ranks as ordered 32-bit integers
-  (``_ukey``), bins of ``2^sh`` integers, 12 bits a round, exact down to one value.
+* a key's bin is ``floor((x - a) * NB / (b - a))`` clamped to ``0 .. NB - 1``
+  (``_vbin``): each operation rounded once, so the bin never decreases as ``x`` grows;
+* the row's last CTA of a round keeps the bin ``d`` holding the ``need``-th largest
+  candidate (``need`` less the keys in the bins above it) and finds its exact rank
+  bounds by bisection over the floats (``_first_in``: the lowest rank in bin ``d`` and
+  the lowest in ``d + 1``), so the bin is exactly the keys ``lo <= x < hi`` and
+  ``pq_emit``'s comparisons select the same keys;
+* the row is resolved when that bin holds one value, or is no wider than ``5e-5 (1 +
+  |x|)`` (half the spec's tolerance ``1e-4 (1 + |score|)``: the keys in it are near-ties,
+  taken in position order), or after the last round; else the next round bins ``[lo,
+  hi)``.
 
-The row's last CTA of a round keeps the bin holding the ``need``-th largest candidate
-(``need`` less the keys in the bins above it). The row is resolved when that bin is one
-value, or no wider than ``1e-5 (1 + |x|)`` (a tenth of the spec's tolerance ``1e-4 (1 +
-|score|)``: keys in it are near-ties, taken in position order). Then ``pq_emit`` gets
-the split path's class bounds: ``t_sure`` = the bin's upper edge (every candidate at or
-above it is taken), ``t_maybe`` = its lower edge, ``need`` (candidates in ``[t_maybe,
-t_sure)`` taken in position order while fewer than ``need`` are). The first round has
-``NB0 = 256`` bins, counted per CTA (``tl.histogram``) before its global atomics: with
-4096 bins every key's atomic met the few bins where most keys fall (measured: the first
-round then cost more than the other three together). Ranks span at most 2^16, so four
-rounds always resolve: value rounds leave at most 2^16 / 256 = 256, then 2^-4, 2^-16
-(under the tolerance) or, where the range turned narrower than 2^13 ulps first, integer
-rounds finish it in two (a range that narrow lies within two binades: under 2^14 keys).
+Then ``pq_emit`` gets the split path's class bounds: ``t_sure = hi`` (every candidate at
+or above it is taken), ``t_maybe = lo``, ``need`` (candidates in ``[lo, hi)`` taken in
+position order while fewer than ``need`` are). The first round has ``NB0 = 256`` bins,
+counted per CTA (``tl.histogram``) before its global atomics: with 4096 bins every key's
+atomic met the few bins where most keys fall (measured: that round then cost more than
+the others together); later rounds have 4096 bins and only the few keys in the range
+reach an atomic. Ranks span at most 2^16, so three rounds always resolve: at most 2^16 /
+256 = 256 wide after the first, 2^-4 after the second, 2^-16 (under ``5e-5``) after the
+third.
 
-``pq_rlut_kernel``, grid ``(B*H, M, cdiv(K, BLOCK_C) + 1)``: CTA ``(r, m, i)`` writes
-entries ``i*BLOCK_C ..`` of row ``m`` of head ``r``'s lookup table ``lut f32 [B*H, M,
-K]`` (one tile of centroids each: the table's latency chain spread over many CTAs); the
-last CTA of each ``(r, m)`` quantizes subvector ``m`` of the step's new keys for the KV
-group of ``r`` (its first head only; the host routes a step here only when the new keys
-are not candidates). CTA ``(r, 0, 0)`` also zeroes the emit's part flags ``flag i64 [B*H, NP]`` and (row 0) its
-ticket counter ``ctr i32 [1]``.
+``pq_rlut_kernel``, grid ``(B*H, M, cdiv(K, BLOCK_C))``: CTA ``(r, m, i)`` writes entries
+``i*BLOCK_C ..`` of row ``m`` of head ``r``'s lookup table ``lut f32 [B*H, M, K]`` (one
+tile of centroids each: the table's latency chain spread over many CTAs). Where ``h`` is
+the first head of its KV group and the step has a new key (at most one: the host runs
+``pq_quant`` first for more), the same CTA also finds that key's nearest centroid of its
+block (``_block_nearest``, one block of ``_nearest``'s loop) into ``qd f32 / qc i32
+[B*H_kv, M, cdiv(K, BLOCK_C)]``; the last round combines the blocks into the code as
+``_nearest`` does (``_store_code``), off the first rounds' path. CTA ``(r, 0, 0)`` also
+zeroes the emit's part flags ``flag i64 [B*H, NP]`` and (row 0) its ticket counter ``ctr
+i32 [1]``.
 
-``pq_rround_kernel``, grid ``(LP, B*H)``, ``LP = cdiv(w0, TILE)``, launched four times
-(``ROUND`` 0 .. 3): CTA ``(c, r)`` scores candidates ``c*TILE ..`` of row
-``r`` and adds those in the range to the row's histogram ``rhist i32 [B*H, NB]``
-(global atomics), then takes a ticket on the row's counter ``rtick i32 [B*H]``; the
-row's last CTA to arrive (no CTA waits for another) closes the round and leaves the
-histogram and the counter zero. Round 0 starts every row from its lookup table: ``[a,
-b)`` = the ranks of ``lo = sum_m min_c lut[m, c]`` and just above ``hi`` (maxima), added
-in the keys' order, so by the monotonicity of rounding every key lies in it; the full
-rank range where the table holds a non-finite entry; ``need = min(k, w0)``. Later rounds
-read the row's state ``rst i64 [B*H, 8]`` (mode, ``a``, ``b`` as f32 bits, integer range,
-shift, ``need``, done) and exit at once on a resolved row. The closing CTA writes ``bnd
-f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and ``need i32 [B*H]`` when the row resolves (``k
-= 0``: nothing is taken).
+``pq_rround_kernel``, grid ``(LP, B*H)``, ``LP = cdiv(w0, TILE)``, launched three times
+(``ROUND`` 0, 1, 2): CTA ``(c, r)`` scores candidates ``c*TILE ..`` of row ``r`` and adds
+those in the range to the row's histogram ``rhist i32 [B*H, NB]`` (global atomics), then
+takes a ticket on the row's counter ``rtick i32 [B*H]``; the row's last CTA to arrive (no
+CTA waits for another) closes the round and leaves the histogram and the counter zero.
+Round 0 starts every row from its lookup table: ``[a, b)`` = the ranks of ``lo = sum_m
+min_c lut[m, c]`` and just above ``hi`` (maxima), added in the keys' order, so by the
+monotonicity of rounding every key lies in it; the full rank range where the table holds
+a non-finite entry; ``need = min(k, w0)``. Later rounds read the row's state ``rst i64
+[B*H, 4]`` (``a``, ``b`` as f32 bits, ``need``, resolved) and exit at once on a resolved
+row. The closing CTA writes ``bnd f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and ``need i32
+[B*H]`` when the row resolves (``k = 0``: nothing is taken).
 
 Launch contract: README.md in this directory. Host preconditions: those of the split
-emit (``init_offset >= sink'``, ``S - window' >= init_offset``, ``w0 >= k``) and no new
-key among the candidates (``w0 <= n_old``).
+emit (``init_offset >= sink'``, ``S - window' >= init_offset``, ``w0 >= k``), no new key
+among the candidates (``w0 <= n_old``) and at most one new key.
 """
 
 import triton
 import triton.language as tl
 
 from kspec import Kernel, i32, i64, ptr, single
-from pq_select import RANK_INF, RANK_NAN, _lut_tile, _mul_rn, _nearest, _rank_score, _row_dots
+from pq_select import RANK_INF, RANK_NAN, _lut_tile, _mul_rn, _rank_distance, _rank_score, _row_dots
 from pq_hist import _row_ids, _row_sizes
 from pq_split import _part_scores
 
-#: bins of one round (a power of two): 12 bits of the 32-bit key a round
-NB_BITS = tl.constexpr(12)
 #: the class bounds of a row with nothing to pick: above every rank (|rank| <= 32768)
 NO_PICK = tl.constexpr(65536.0)
 
@@ -138,54 +137,27 @@ def _next_up(x):
 
 
 @triton.jit
-def _edge(a, b, w, i):
-    """Lower edge of value bin ``i`` of ``[a, b)`` (bins of width ``w``): ``a`` for ``i <= 0``,
-    else ``a + i*w`` (the product rounded on its own, never fused) clamped to ``b``."""
-    e = tl.minimum(a + _mul_rn(i.to(tl.float32), w), b)
-    return tl.where(i <= 0, a, e)
+def _vbin(x, a, sc, NB: tl.constexpr):
+    """Bin of ranks ``x`` among ``NB`` bins of ``[a, b)``, ``sc = NB / (b - a)``:
+    ``floor((x - a) * sc)`` clamped to ``0 .. NB - 1`` (each operation rounded once, so the
+    bin never decreases as ``x`` grows)."""
+    d = tl.minimum(tl.maximum((x - a) * sc, 0.0), NB - 1.0)
+    return d.to(tl.int32)
 
 
 @triton.jit
-def _value_bin(x, a, b, NB: tl.constexpr):
-    """Value bin of ranks ``x`` in ``[a, b)``: the number of edges ``e_1 .. e_{NB-1}`` at or
-    below ``x`` (a guess from ``(x - a) / w``, corrected against its two edges)."""
-    w = (b - a) * (1.0 / NB)
-    d = ((x - a) * (NB / (b - a))).to(tl.int32)
-    d = tl.minimum(tl.maximum(d, 0), NB - 1)
-    d = tl.where(x < _edge(a, b, w, d), d - 1, d)
-    d = tl.where((d < NB - 1) & (x >= _edge(a, b, w, d + 1)), d + 1, d)
-    return tl.minimum(tl.maximum(d, 0), NB - 1)
-
-
-@triton.jit
-def _int_range(a, b, NB: tl.constexpr):
-    """The integer form of ``[a, b)``: ``(base, top, sh)``, keys ``_ukey(a) <= u <
-    _ukey(b)`` in bins of ``2^sh`` with ``NB`` bins covering them."""
-    base = _ukey(a)
-    top = _ukey(b)
-    sh = (base * 0).to(tl.int64)
-    while (top - base) > (NB << sh):
-        sh += 1
-    return base, top, sh
-
-
-@triton.jit
-def _narrow(a, b):
-    """Whether ``[a, b)`` is too narrow for value bins (under 2^13 ulps of its larger end:
-    a bin under 2 ulps, where a correction by one bin might not reach the exact bin)."""
-    return (b - a) < tl.maximum(tl.abs(a), tl.abs(b)) * (1.0 / 1024.0)
-
-
-@triton.jit
-def _store_state(rs, mode, a, b, base, top, sh, need, done):
-    tl.store(rs + 0, mode)
-    tl.store(rs + 1, a.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(rs + 2, b.to(tl.int32, bitcast=True).to(tl.int64))
-    tl.store(rs + 3, base)
-    tl.store(rs + 4, top)
-    tl.store(rs + 5, sh)
-    tl.store(rs + 6, need)
-    tl.store(rs + 7, done)
+def _first_in(a, b, sc, t, NB: tl.constexpr):
+    """The lowest rank ``x`` in ``[a, b]`` with ``_vbin(x) >= t`` (``1 <= t < NB``): a
+    bisection over the ordered integers of the floats (``_ukey``), exact because the bin
+    never decreases with ``x``; so keys in bins ``>= t`` are exactly those ``>=`` it."""
+    lo = _ukey(a)
+    hi = _ukey(b)
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        p = _vbin(_from_ukey(mid), a, sc, NB) >= t
+        hi = tl.where(p, mid, hi)
+        lo = tl.where(p, lo, mid + 1)
+    return _from_ukey(lo)
 
 
 @triton.jit
@@ -194,29 +166,47 @@ def _resolve(bnd_ptr, need_ptr, rs, r, r64, t_sure, t_maybe, need):
     tl.store(bnd_ptr + 2 * r64, t_sure)
     tl.store(bnd_ptr + 2 * r64 + 1, t_maybe)
     tl.store(need_ptr + r, need.to(tl.int32))
-    tl.store(rs + 7, 1)
+    tl.store(rs + 3, 1)
 
 
 @triton.jit
-def _quantize_new(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, m0, m1, M, K, d_s, d_c, n_old, n,
-                  cap, init_offset, metric_ip, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
-    """Codes of KV head ``(b, g)``'s new keys ``n_old <= j < n``, subvectors ``m0 <= m <
-    m1`` (spec step 1)."""
-    krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh
-    for m in range(m0, m1):
-        cbase = ((bg * M + m) * K) * d_c
-        phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
-        for tq in range(n_old, n):
-            ct = _nearest(k_ptr, krow + (init_offset + tq) * k_ss + m * d_s, cent_ptr, cbase, phi, d_s, d_c, K,
-                          metric_ip, BLOCK_C, BLOCK_DS)
-            tl.store(codes_ptr + (bg * M + m) * cap + tq, ct.to(tl.uint8))
+def _block_nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, cb, BLOCK_C: tl.constexpr,
+                   BLOCK_DS: tl.constexpr):
+    """One block of ``_nearest`` (pq_select.py): over centroids ``cb .. cb + BLOCK_C``, the
+    least ranked distance (``_rank_distance``: NaN never taken) and its lowest ``c``, as
+    ``_nearest``'s loop computes them for that block; ``_nearest``'s result is the first
+    block's pair with the strictly least distance, starting from ``(+inf, 0)``."""
+    xx = tl.zeros([BLOCK_DS], tl.float32)
+    for d0 in range(0, d_s, BLOCK_DS):
+        offs_d = d0 + tl.arange(0, BLOCK_DS)
+        x = tl.load(k_ptr + kbase + offs_d, mask=offs_d < d_s, other=0.0).to(tl.float32)
+        xx += x * x
+    aug = tl.sqrt(tl.maximum(phi - tl.sum(xx, axis=0), 0.0))
+    offs_c = cb + tl.arange(0, BLOCK_C)
+    cmask = offs_c < K
+    dist = tl.zeros([BLOCK_C], tl.float32)
+    for d0 in range(0, d_s, BLOCK_DS):
+        offs_d = d0 + tl.arange(0, BLOCK_DS)
+        dmask = offs_d < d_s
+        x = tl.load(k_ptr + kbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
+        c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :], mask=cmask[:, None] & dmask[None, :],
+                    other=0.0)
+        diff = x[None, :] - c
+        dist += tl.sum(_mul_rn(diff, diff), axis=1)
+    if metric_ip != 0:
+        dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
+        dist += dd * dd
+    dist = tl.where(cmask, _rank_distance(dist), float("inf"))
+    dmin = tl.min(dist, axis=0)
+    cmin = tl.argmin(dist, axis=0, tie_break_left=True).to(tl.int32) + cb
+    return dmin, cmin
 
 
 @triton.jit
 def pq_rlut_kernel(
-    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, lut_ptr, flag_ptr, ctr_ptr,  #
+    q_ptr, k_ptr, cent_ptr, phi_ptr, qd_ptr, qc_ptr, lut_ptr, flag_ptr, ctr_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
-    H, G, M, K, d_s, S, n_old, cap, init_offset, metric_ip, NP,  #
+    H, G, M, K, d_s, S, n_old, init_offset, metric_ip, NP,  #
     BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
@@ -225,12 +215,8 @@ def pq_rlut_kernel(
     i = tl.program_id(2)
     r64, b, h, g, bg = _row_ids(r, H, G)
     d_c = d_s + metric_ip
-    if i == tl.cdiv(K, BLOCK_C):
-        # subvector m of the new keys' codes, once per KV group (its first head's row)
-        if h % G == 0:
-            _quantize_new(k_ptr, cent_ptr, phi_ptr, codes_ptr, b, g, bg, k_sb, k_sh, k_ss, m, m + 1, M, K, d_s, d_c,
-                          n_old, S - init_offset, cap, init_offset, metric_ip, BLOCK_C, BLOCK_DS)
-        return
+    cbase = ((bg * M + m) * K) * d_c
+    nch = tl.cdiv(K, BLOCK_C)
     if (m == 0) & (i == 0):
         # the emit's part flags of this row (and its ticket counter) start at zero
         for q0 in range(0, NP, 1024):
@@ -243,74 +229,80 @@ def pq_rlut_kernel(
     offs_c = i * BLOCK_C + tl.arange(0, BLOCK_C)
     acc = tl.zeros([BLOCK_C], tl.float32)
     for d0 in range(0, d_s, BLOCK_DS):
-        qv, cv = _lut_tile(q_ptr, qrow, cent_ptr, ((bg * M + m) * K) * d_c, offs_c, d0 + tl.arange(0, BLOCK_DS), d_s,
-                           d_c, K, True)
+        qv, cv = _lut_tile(q_ptr, qrow, cent_ptr, cbase, offs_c, d0 + tl.arange(0, BLOCK_DS), d_s, d_c, K, True)
         acc += _row_dots(cv, qv)
     tl.store(lut_ptr + (r64 * M + m) * K + offs_c, acc, mask=offs_c < K)
+    # the step's new key (at most one here), centroids of this block, once per KV group:
+    # a partial argmin, combined by the last round
+    if (h % G == 0) & (S - init_offset > n_old):
+        krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + (init_offset + n_old) * k_ss + m * d_s
+        phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
+        dmin, cmin = _block_nearest(k_ptr, krow, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, i * BLOCK_C, BLOCK_C,
+                                    BLOCK_DS)
+        tl.store(qd_ptr + (bg * M + m) * nch + i, dmin)
+        tl.store(qc_ptr + (bg * M + m) * nch + i, cmin)
 
 
 @triton.jit
-def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, r, r64, mode, a, b, base, top, sh, need, NB: tl.constexpr):
+def _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, BLOCK_C: tl.constexpr):
+    """The new key's codes from ``pq_rlut``'s partial argmins: per subvector, the first
+    block with the strictly least distance from ``(+inf, 0)``, as ``_nearest``."""
+    nch = tl.cdiv(K, BLOCK_C)
+    for m in range(M):
+        best_d = float("inf")
+        best_c = 0
+        for i in range(nch):
+            dmin = tl.load(qd_ptr + (bg * M + m) * nch + i)
+            cmin = tl.load(qc_ptr + (bg * M + m) * nch + i)
+            take = dmin < best_d
+            best_c = tl.where(take, cmin, best_c)
+            best_d = tl.where(take, dmin, best_d)
+        tl.store(codes_ptr + (bg * M + m) * cap + n_old, best_c.to(tl.uint8))
+
+
+@triton.jit
+def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, r, r64, a, b, need, LAST, NB: tl.constexpr):
     """The row's last CTA of a round of ``NB`` bins: keep the bin holding the ``need``-th
-    largest candidate of the range (counting from the top), then resolve the row or
-    narrow its range to that bin (for rounds of 4096 bins); leave the histogram (its
-    first ``NB`` bins, the only ones this round used) and counter zero."""
+    largest candidate of ``[a, b)`` (counting from the top) and its exact rank bounds,
+    then resolve the row (that bin one value, or no wider than ``5e-5 (1 + |x|)``, or
+    the last round) or narrow the range to it; leave the histogram and counter zero."""
     bins = tl.arange(0, NB)
     cnt = tl.load(hrow + bins, cache_modifier=".cg")
     ge = tl.cumsum(cnt, axis=0, reverse=True)  # candidates in bins >= d
     d = tl.maximum(tl.max(tl.where(ge >= need, bins, -1), axis=0), 0)
     above = tl.sum(tl.where(bins == d, ge - cnt, 0), axis=0)  # in the bins above d
     need2 = need - above.to(tl.int64)
-    if mode == 0:
-        w = (b - a) * (1.0 / NB)
-        lo = _edge(a, b, w, d)
-        hi = tl.where(d == NB - 1, b, _edge(a, b, w, d + 1))
-        if (hi - lo) <= 1e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi))):
-            _resolve(bnd_ptr, need_ptr, rs, r, r64, hi, lo, need2)
-        elif _narrow(lo, hi):
-            nbase, ntop, nsh = _int_range(lo, hi, 4096)  # the next rounds' NB
-            _store_state(rs, 1, lo, hi, nbase, ntop, nsh, need2, 0)
-        else:
-            _store_state(rs, 0, lo, hi, base, top, sh, need2, 0)
+    sc = NB / (b - a)
+    lo = tl.where(d == 0, a, _first_in(a, b, sc, tl.maximum(d, 1), NB))
+    hi = tl.where(d == NB - 1, b, _first_in(a, b, sc, tl.minimum(d + 1, NB - 1), NB))
+    one = _next_up(lo) >= hi
+    if one | LAST | ((hi - lo) <= 5e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi)))):
+        _resolve(bnd_ptr, need_ptr, rs, r, r64, hi, lo, need2)
     else:
-        nb = base + (d.to(tl.int64) << sh)
-        if sh == 0:
-            # one value per bin: nb is the rank; its ties are taken in position order
-            _resolve(bnd_ptr, need_ptr, rs, r, r64, _from_ukey(nb + 1), _from_ukey(nb), need2)
-        else:
-            ntop = tl.minimum(nb + (1 << sh), top)
-            _store_state(rs, 1, a, b, nb, ntop, tl.maximum(sh - NB_BITS, 0), need2, 0)
+        tl.store(rs + 0, lo.to(tl.int32, bitcast=True).to(tl.int64))
+        tl.store(rs + 1, hi.to(tl.int32, bitcast=True).to(tl.int64))
+        tl.store(rs + 2, need2)
     tl.store(hrow + bins, tl.zeros([NB], tl.int32))
     tl.store(tick + r, 0)
 
 
 @triton.jit
-def _round_bins(x, cand, mode, a, b, base, top, sh, NBR: tl.constexpr):
-    """The candidates in the row's range and their bins (of ``NBR``) for this round."""
-    if mode == 0:
-        hit = cand & (x >= a) & (x < b)
-        d = _value_bin(x, a, b, NBR)
-    else:
-        u = _ukey(x)
-        hit = cand & (u >= base) & (u < top)
-        d = ((u - base) >> sh).to(tl.int32)
-    return hit, tl.minimum(tl.maximum(d, 0), NBR - 1)
-
-
-@triton.jit
 def pq_rround_kernel(
-    codes_ptr, lut_ptr, rst_ptr, rhist_ptr, rtick_ptr, bnd_ptr, need_ptr,  #
-    H, G, M, K, S, cap, heavy, init_offset, window, LP, ROUND,  #
+    codes_ptr, lut_ptr, qd_ptr, qc_ptr, rst_ptr, rhist_ptr, rtick_ptr, bnd_ptr, need_ptr,  #
+    H, G, M, K, S, n_old, cap, heavy, init_offset, window, LP, ROUND,  #
     MP: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, NB0: tl.constexpr, NB: tl.constexpr,
+    LEVELS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
-    tl.static_assert(NB == 4096)  # 2^NB_BITS
     c = tl.program_id(0)
     r = tl.program_id(1)
     r64, b_, h, g, bg = _row_ids(r, H, G)
-    rs = rst_ptr + r64 * 8
+    rs = rst_ptr + r64 * 4
     lut_row = lut_ptr + r64 * M * K
-    _, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)
+    n, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)
+    last = ROUND == LEVELS - 1
+    if last & (c == 0) & (h % G == 0) & (n > n_old):
+        _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, BLOCK_C)
     j = c * TILE + tl.arange(0, TILE)
     cand = j < w0
     if ROUND == 0:
@@ -322,11 +314,9 @@ def pq_rround_kernel(
             # the first round: NB0 bins, counted per CTA (tl.histogram) before the
             # atomics, which would otherwise meet on the few bins most keys fall in
             a, b = _rank_bounds(lut_row, M, K, MP, KP)
-            mode = _narrow(a, b).to(tl.int32)
-            base, top, sh = _int_range(a, b, NB0)
             x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
-            hit, d = _round_bins(x, cand, mode, a, b, base, top, sh, NB0)
-            cnt = tl.histogram(d, NB0, mask=hit)
+            hit = cand & (x >= a) & (x < b)
+            cnt = tl.histogram(_vbin(x, a, NB0 / (b - a), NB0), NB0, mask=hit)
             hrow = rhist_ptr + r64 * NB
             bins = tl.arange(0, NB0)
             tl.atomic_add(hrow + bins, cnt, mask=cnt > 0, sem="relaxed")
@@ -334,24 +324,22 @@ def pq_rround_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
             if arrived == LP - 1:
-                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, mode, a, b, base, top, sh, need, NB0)
+                tl.store(rs + 3, 0)
+                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, a, b, need, last, NB0)
     else:
-        if tl.load(rs + 7) == 0:
-            mode = tl.load(rs + 0).to(tl.int32)
-            a = tl.load(rs + 1).to(tl.int32).to(tl.float32, bitcast=True)
-            b = tl.load(rs + 2).to(tl.int32).to(tl.float32, bitcast=True)
-            base = tl.load(rs + 3)
-            top = tl.load(rs + 4)
-            sh = tl.load(rs + 5)
-            need = tl.load(rs + 6)
+        if tl.load(rs + 3) == 0:
+            a = tl.load(rs + 0).to(tl.int32).to(tl.float32, bitcast=True)
+            b = tl.load(rs + 1).to(tl.int32).to(tl.float32, bitcast=True)
+            need = tl.load(rs + 2)
             x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
-            hit, d = _round_bins(x, cand, mode, a, b, base, top, sh, NB)
+            hit = cand & (x >= a) & (x < b)
             hrow = rhist_ptr + r64 * NB
-            tl.atomic_add(hrow + d, tl.full([TILE], 1, tl.int32), mask=hit, sem="relaxed")
+            tl.atomic_add(hrow + _vbin(x, a, NB / (b - a), NB), tl.full([TILE], 1, tl.int32), mask=hit,
+                          sem="relaxed")
             tl.debug_barrier()
             arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
             if arrived == LP - 1:
-                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, mode, a, b, base, top, sh, need, NB)
+                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, a, b, need, last, NB)
 
 
 # ----------------------------------------------------------------------------------
@@ -359,27 +347,27 @@ def pq_rround_kernel(
 
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows per key: M <= MP
-LEVELS = 4  # rounds launched per step (see the module docstring: four always resolve)
+LEVELS = 3  # rounds launched per step (see the module docstring: three always resolve)
 RLUT_FIXED = {"BLOCK_C": 64, "BLOCK_DS": 64}
-RROUND_FIXED = {"KP": 256, "NB0": 256, "NB": 4096}
+RROUND_FIXED = {"KP": 256, "NB0": 256, "NB": 4096, "LEVELS": LEVELS, "BLOCK_C": RLUT_FIXED["BLOCK_C"]}
 
 
 def _rlut_args(qt):
     return (
         ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-        ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"),
-        i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
-        i32("H"), i32("G"), i32("M"), i32("K"), i32("d_s"), i32("S"), i32("n_old"), i32("cap", div16=True),
-        i32("init_offset"), i32("metric_ip"), i32("NP"),
+        ptr("qd_ptr", "fp32"), ptr("qc_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("flag_ptr", "i64"),
+        ptr("ctr_ptr", "i32"), i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
+        i32("H"), i32("G"), i32("M"), i32("K"), i32("d_s"), i32("S"), i32("n_old"), i32("init_offset"),
+        i32("metric_ip"), i32("NP"),
     )
 
 
 def _rround_args():
     return (
-        ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("rst_ptr", "i64"), ptr("rhist_ptr", "i32"),
-        ptr("rtick_ptr", "i32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"),
-        i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("cap", div16=True), i32("heavy"), i32("init_offset"),
-        i32("window"), i32("LP"), i32("ROUND"),
+        ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("qd_ptr", "fp32"), ptr("qc_ptr", "i32"),
+        ptr("rst_ptr", "i64"), ptr("rhist_ptr", "i32"), ptr("rtick_ptr", "i32"), ptr("bnd_ptr", "fp32"),
+        ptr("need_ptr", "i32"), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("n_old"),
+        i32("cap", div16=True), i32("heavy"), i32("init_offset"), i32("window"), i32("LP"), i32("ROUND"),
     )
 
 

@@ -1027,7 +1027,10 @@ fn gpu_many_combinations_take_the_radix_select() {
                 ..base()
             };
             for exact in [false, true] {
-                let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
+                // random inputs: 7 new keys (pq_quant first); well-separated: one (quantized
+                // by the path's own kernels)
+                let new_keys = if exact { 1 } else { 7 };
+                let n_cached = PqInputs::default_n_cached(&cfg, shape.s) + 1 - new_keys;
                 let s = seed.wrapping_add((ci * 100 + heavy) as u64 * 31 + u64::from(exact));
                 let x = if exact {
                     PqInputs::small_integer(&cfg, shape, n_cached, s)
@@ -1036,7 +1039,7 @@ fn gpu_many_combinations_take_the_radix_select() {
                 }
                 .expect("inputs");
                 let what = format!(
-                    "M={m} bits={bits} {} {} B={} H={} H_kv={} S={} heavy {heavy} {}",
+                    "M={m} bits={bits} {} {} B={} H={} H_kv={} S={} heavy {heavy} {new_keys} new {}",
                     dt.as_str(),
                     metric.as_str(),
                     shape.b,

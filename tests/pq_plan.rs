@@ -1039,12 +1039,19 @@ fn many_combinations_take_the_radix_select() {
                     },
                     "M={m} bits={bits} heavy {heavy} {path:?}"
                 );
-                assert_eq!(p.info().launches, 6, "rlut, 4 rounds, emit");
+                assert_eq!(p.info().launches, 5, "rlut, 3 rounds, emit");
                 assert!(p.info().range && p.info().hist && !p.info().split);
                 // one new key, not a candidate: quantized in pq_rlut's companion CTAs
                 assert!(!p.bulk_quantize);
                 // 4096 new keys, some of them candidates: pq_quant first
                 assert!(plan(&cfg, sh, s, n - 4096, path, &radix(chunked)).bulk_quantize);
+                // two new keys, none a candidate, with the bulk minimum raised: still
+                // pq_quant first (the radix path quantizes one new key at most)
+                let f = PlanFacts {
+                    bulk_min: 100,
+                    ..radix(chunked)
+                };
+                assert!(plan(&cfg, sh, s, n - 2, path, &f).bulk_quantize);
             }
         }
     }

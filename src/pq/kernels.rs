@@ -115,7 +115,7 @@ pub(crate) struct SplitKernels {
 /// split path's emit.
 pub(crate) struct RangeKernels {
     /// `pq_rlut.q_<qt>`: the lookup table, one CTA per (row, subvector, tile of
-    /// centroids), and the new keys' codes.
+    /// centroids), and the new key's partial argmins.
     pub rlut: Arc<Kernel>,
     /// `pq_rlut`'s `BLOCK_C`: table entries per CTA.
     pub lut_block: usize,
@@ -130,9 +130,9 @@ pub(crate) struct RangeKernels {
 }
 
 /// Rounds of the select a step launches (`LEVELS` in `kernels_triton/pq_range.py`):
-/// four always resolve a row (see that module); a row resolved early leaves the later
+/// three always resolve a row (see that module); a row resolved early leaves the later
 /// rounds' CTAs nothing to do.
-pub const RANGE_ROUNDS: usize = 4;
+pub const RANGE_ROUNDS: usize = 3;
 
 /// Bins of one select round (`NB` in `kernels_triton/pq_range.py`).
 pub(crate) const RANGE_BINS: usize = 4096;

@@ -358,6 +358,8 @@ impl StepLaunches<'_> {
             ("flag_ptr", KernelArg::Buf(state.split_flag.buf())),
             ("ctr_ptr", KernelArg::Buf(state.split_ctr.buf())),
             ("rst_ptr", KernelArg::Buf(state.rst.buf())),
+            ("qd_ptr", KernelArg::Buf(state.rqd.buf())),
+            ("qc_ptr", KernelArg::Buf(state.rqc.buf())),
             ("rhist_ptr", KernelArg::Buf(state.rhist.buf())),
             ("rtick_ptr", KernelArg::Buf(state.rtick.buf())),
             ("NP", i32_arg("parts per row", parts)?),
@@ -365,17 +367,17 @@ impl StepLaunches<'_> {
         ]);
         // Bounds: new() sized hist_lut (rows x M x K: pq_rlut writes it, pq_rround and
         // pq_emit read it), bnd (rows x 2), need (rows), the ticket counter (1), the select
-        // state (rows x 8), the round histograms (rows x RANGE_BINS: a CTA adds only bins
-        // 0 .. NB - 1, clamped or (u - base) >> sh with NB << sh covering the range) and
-        // arrival counters (rows);
-        // ensure_buffers sized the emit's part flags for rows x cdiv(n, TILE) = rows x
-        // parts, the codes (cap >= n keys; rounds read codes j < w0 <= n_old, pq_rlut
-        // writes codes n_old .. n) and the outputs. Grids: pq_rlut (rows, M, cdiv(K, BLOCK_C)
-        // + 1): CTA (r, m, i) writes lut[r, m, i*BLOCK_C ..] (masked to c < K), the last of
-        // each (r, m) subvector m's new codes of r's KV group; pq_rround (level_parts, rows);
-        // pq_rround (level_parts, rows), each row's round closed by the CTA whose arrival
-        // ticket is level_parts - 1; pq_emit exactly rows x parts CTAs, each taking one
-        // ticket < rows x parts.
+        // state (rows x 4), the round histograms (rows x RANGE_BINS: bins clamped to 0 ..
+        // NB - 1, NB <= RANGE_BINS), the arrival counters (rows) and the new key's partial
+        // argmins (B*H_kv x M x cdiv(K, BLOCK_C), each); ensure_buffers sized the emit's
+        // part flags for rows x cdiv(n, TILE) = rows x parts, the codes (cap >= n keys;
+        // rounds read codes j < w0 <= n_old, the last round writes code n_old < n when the
+        // step has its one new key: plan_step runs pq_quant first for more) and the
+        // outputs. Grids: pq_rlut (rows, M, cdiv(K, BLOCK_C)): CTA (r, m, i) writes lut[r,
+        // m, i*BLOCK_C ..] (masked to c < K) and, for a KV group's first head, partial
+        // argmin i of subvector m; pq_rround (level_parts, rows), each row's round closed by
+        // the CTA whose arrival ticket is level_parts - 1; pq_emit exactly rows x parts
+        // CTAs, each taking one ticket < rows x parts.
         let rows_parts = u32::try_from(rows * parts)
             .map_err(|_| Error::invalid("emit grid", format!("{rows} rows x {parts} parts")))?;
         let lp = u32::try_from(level_parts).map_err(|_| {
@@ -388,7 +390,7 @@ impl StepLaunches<'_> {
             ));
         }
         let m = u32::try_from(state.cfg.m()).map_err(|_| Error::invalid("M", "beyond u32"))?;
-        let lut_ctas = state.cfg.k_centroids().div_ceil(rk.lut_block) as u32 + 1;
+        let lut_ctas = state.cfg.k_centroids().div_ceil(rk.lut_block) as u32;
         let mut launches = Vec::with_capacity(RANGE_ROUNDS + 2);
         launches.push(Launch {
             kernel: rk.rlut.clone(),

@@ -35,7 +35,8 @@ pub struct StateBytes {
     /// tables `f32 [B*H, M, K]`, split bounds, needs, part flags `i64 [B*H, cdiv(n,
     /// TILE)]` and ticket counter; or, for the radix-select split path, the lookup
     /// tables, split bounds, needs, part flags and ticket counter, the select state `i64
-    /// [B*H, 8]`, round bins `i32 [B*H, 4096]` and arrival counters `i32 [B*H]`.
+    /// [B*H, 4]`, round bins `i32 [B*H, 4096]`, arrival counters `i32 [B*H]` and the new
+    /// key's partial argmins.
     pub hist: usize,
     /// The indexed path's counts `i32 [B*H, 4096]`, key counts, gather marks `i32 [B*H,
     /// TP]` and arrival counters `i32 [B*H]` (allocated with the buckets).
@@ -152,9 +153,10 @@ pub fn state_bytes_for(
             + n_of(rows * 2, 4)
             + n_of(rows, 4)
             + 4
-            + n_of(rows * 8, 8)
+            + n_of(rows * 4, 8)
             + n_of(rows * RANGE_BINS, 4)
-            + n_of(rows, 4);
+            + n_of(rows, 4)
+            + 2 * n_of(shape.b * shape.h_kv * m * k.div_ceil(64), 4);
     }
     b.outputs += n_of(rows * cfg.total(s), 8) + n_of(rows * s * cfg.weight_dtype.size_bytes(), 1);
     if s > 0 && !cfg.is_short(s) {

@@ -286,7 +286,7 @@ pub enum StepKind {
         /// Emit CTAs per row: `cdiv(n, TILE)`.
         parts: usize,
     },
-    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64) + 1)`), [`RANGE_ROUNDS`] launches of `pq_rround`
+    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64))`), [`RANGE_ROUNDS`] launches of `pq_rround`
     /// (grid `(level_parts, B*H)`), then `pq_emit` (grid `B*H x parts`): the split path with its
     /// threshold found by a radix select over the keys' scores (any `K^M`).
     Range {
@@ -441,7 +441,12 @@ pub fn plan_step(
     let (kind, bulk_quantize) = match hist_kind(cfg, shape, s, path, facts, chunked) {
         // the kernel's quantizing CTAs write the new keys' codes while its row CTAs read
         // the candidates' codes: in the same launch only where no new key is a candidate
-        Some(k) => (k, many || cfg.window_start(s) > n_old),
+        // (the radix-select path quantizes at most one new key itself)
+        Some(k) => (
+            k,
+            many || cfg.window_start(s) > n_old
+                || (matches!(k, StepKind::Range { .. }) && n - n_old > 1),
+        ),
         None => (StepKind::Chunked, many),
     };
     if kind == StepKind::Chunked && !chunked {

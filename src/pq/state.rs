@@ -65,14 +65,17 @@ pub(crate) struct DeviceState {
     pub split_need: DevBuf<i32>,
     pub split_flag: DevBuf<i64>,
     pub split_ctr: DevBuf<i32>,
-    /// Radix-select split path state (`kernels_triton/pq_range.py`): each row's radix
-    /// state `i64 [B*H, 8]` (written by the rounds each step), the round's histogram `i32
+    /// Radix-select split path state (`kernels_triton/pq_range.py`): each row's select
+    /// state `i64 [B*H, 4]` (written by the rounds each step), the round's histogram `i32
     /// [B*H, RANGE_BINS]` and arrival counters `i32 [B*H]` (both kept zero by the
-    /// kernels, zero-filled at creation). The threshold goes to `split_bnd` /
-    /// `split_need`, the lookup table to `hist_lut`, as on the split path.
+    /// kernels, zero-filled at creation), the new key's partial argmins `f32` / `i32
+    /// [B*H_kv, M, cdiv(K, 64)]`. The threshold goes to `split_bnd` / `split_need`, the
+    /// lookup table to `hist_lut`, as on the split path.
     pub rst: DevBuf<i64>,
     pub rhist: DevBuf<i32>,
     pub rtick: DevBuf<i32>,
+    pub rqd: DevBuf<f32>,
+    pub rqc: DevBuf<i32>,
     /// Indexed path state: its own combination counts `i32 [B*H, HIST_COMBOS]` of the
     /// keys `j < ihistn[r]` (`ihistn i32 [B*H]`), the buckets `i32 [B*H, HIST_COMBOS,
     /// capc]` (key positions per combination, slot = count when the key joined; a
@@ -147,6 +150,8 @@ impl DeviceState {
             rst: DevBuf::new(),
             rhist: DevBuf::new(),
             rtick: DevBuf::new(),
+            rqd: DevBuf::new(),
+            rqc: DevBuf::new(),
             ihist: DevBuf::new(),
             ihistn: DevBuf::new(),
             bkt: DevBuf::new(),
@@ -183,10 +188,13 @@ impl DeviceState {
             me.split_bnd.ensure(&st, rows * 2)?;
             me.split_need.ensure(&st, rows)?;
             me.split_ctr.ensure(&st, 1)?;
-            me.rst.ensure(&st, rows * 8)?;
+            me.rst.ensure(&st, rows * 4)?;
             // zero-filled: empty histograms, no CTA arrived
             me.rhist.ensure(&st, rows * RANGE_BINS)?;
             me.rtick.ensure(&st, rows)?;
+            let parts = shape.b * shape.h_kv * m * k.div_ceil(64);
+            me.rqd.ensure(&st, parts)?;
+            me.rqc.ensure(&st, parts)?;
         }
         // the indexed path's buffers come with its first step (ensure_buffers)
         Ok(me)
@@ -465,7 +473,9 @@ impl DeviceState {
                 + b(&self.split_ctr)
                 + b(&self.rst)
                 + b(&self.rhist)
-                + b(&self.rtick),
+                + b(&self.rtick)
+                + b(&self.rqd)
+                + b(&self.rqc),
             index: b(&self.ihist) + b(&self.ihistn) + b(&self.mark) + b(&self.ready),
             buckets: b(&self.bkt),
             outputs: b(&self.sparse_list) + b(&self.sparse_len) + b(&self.weight),
@@ -495,6 +505,8 @@ impl DeviceState {
             self.rst.ptr(),
             self.rhist.ptr(),
             self.rtick.ptr(),
+            self.rqd.ptr(),
+            self.rqc.ptr(),
             self.ihist.ptr(),
             self.ihistn.ptr(),
             self.bkt.ptr(),
