@@ -230,14 +230,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
         } else {
             a.seq_lens.clone()
         };
-        return super::ragged::decode_loop(
-            &rt,
-            &cfg,
-            a.workload.shape(),
-            &starts,
-            a.steps,
-            a.seed,
-        );
+        return super::ragged::decode_loop(&rt, &cfg, a.workload.shape(), &starts, a.steps, a.seed);
     }
     let base: Shape = a.workload.shape();
     let seq_lens: Vec<usize> = if a.sweep {

@@ -48,9 +48,9 @@ pub fn run_ragged(
     );
     for (b, r) in plan.rows.iter().enumerate().take(16) {
         say!(
-            "  row {b}: S_b={} {} N_cached {} -> {} ({} new), total_b {}",
+            "  row {b}: S_b={} {:<5} N_cached {} -> {} ({} new), total_b {}",
             r.s,
-            if r.short { "short" } else { "long " },
+            if r.short { "short" } else { "long" },
             r.n_old,
             r.n,
             r.new_keys,
@@ -131,15 +131,14 @@ fn run_ragged_gpu(
     cfg: &PqConfig,
     rx: &RaggedInputs,
 ) -> anyhow::Result<Option<(RaggedOutput, f64, String)>> {
-    let rt = match gpu::open_runtime(a.device, &a.ptx.ptx_cache)
-        .context("opening the GPU runtime")?
-    {
-        Ok(rt) => rt,
-        Err(why) => {
-            say!("gpu:     not available: {why}");
-            return Ok(None);
-        }
-    };
+    let rt =
+        match gpu::open_runtime(a.device, &a.ptx.ptx_cache).context("opening the GPU runtime")? {
+            Ok(rt) => rt,
+            Err(why) => {
+                say!("gpu:     not available: {why}");
+                return Ok(None);
+            }
+        };
     let x = &rx.inputs;
     let stream = rt.device().new_stream()?;
     let mut ix = GpuIndexer::new(
@@ -159,7 +158,9 @@ fn run_ragged_gpu(
     let info = ix
         .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Launch)
         .context("GPU ragged step")?;
-    let out = ix.download_ragged().context("downloading the ragged step")?;
+    let out = ix
+        .download_ragged()
+        .context("downloading the ragged step")?;
     say!(
         "gpu:     {} ({}), kernels pq_rgq + pq_rgsel ({} launches), sparse_list rows of T = {} on the device",
         rt.device().name(),
@@ -454,7 +455,10 @@ pub fn decode_loop(
         final_nc == want,
         "after the loop the rows hold {final_nc:?} codes, expected {want:?}"
     );
-    say!("ragged (device lengths, one graph):       {}", ragged.line());
+    say!(
+        "ragged (device lengths, one graph):       {}",
+        ragged.line()
+    );
     drop(ix);
     drop(data);
 
@@ -484,12 +488,9 @@ pub fn decode_loop(
             steps,
             |_| Ok(()),
             |i| {
-                let info = cell.borrow_mut().step(
-                    &udata.q,
-                    &udata.k,
-                    su + i,
-                    LaunchMode::Graph,
-                )?;
+                let info = cell
+                    .borrow_mut()
+                    .step(&udata.q, &udata.k, su + i, LaunchMode::Graph)?;
                 Ok(info.captured)
             },
         )?

@@ -513,7 +513,11 @@ impl GpuIndexer {
 
     /// Refuse a query, key or output buffer of another device than the runtime's
     /// (checked when an address changes; a decode loop on fixed buffers checks once).
-    pub(crate) fn check_placement(&mut self, query: &DeviceTensorRef, key: &DeviceTensorRef) -> Result<()> {
+    pub(crate) fn check_placement(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+    ) -> Result<()> {
         let outs = self.state.outputs;
         let addrs = [
             ("query buffer", query.buf().addr()),

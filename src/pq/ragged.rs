@@ -482,8 +482,8 @@ impl RaggedPlan {
 /// tensors of `s_alloc` positions.
 ///
 /// Errors: [`Error::Invalid`] naming the row and the values: `seq_lens` and `n_cached`
-/// of different lengths or empty, `S_b` zero or above `S_alloc`, `n_cached[b]` above `S_b
-/// - init_offset` (more codes than the entry has keys: the state is ahead of the
+/// of different lengths or empty, `S_b` zero or above `S_alloc`, `n_cached[b]` above
+/// `S_b - init_offset` (more codes than the entry has keys: the state is ahead of the
 /// sequence).
 pub fn plan_ragged(
     cfg: &PqConfig,

@@ -147,7 +147,10 @@ impl GpuIndexer {
         if n_cached.len() != b {
             return Err(Error::invalid(
                 "n_cached",
-                format!("{} counts, expected one per batch row (B = {b})", n_cached.len()),
+                format!(
+                    "{} counts, expected one per batch row (B = {b})",
+                    n_cached.len()
+                ),
             ));
         }
         if let Some((row, &n)) = n_cached.iter().enumerate().find(|(_, &n)| n > held) {
@@ -520,10 +523,10 @@ impl GpuIndexer {
                     buffers,
                 };
                 let stream = self.state.stream.clone();
-                let (info, captured) =
-                    self.ragged
-                        .graph
-                        .step(&stream, gkey, 0, || Ok((info, launches)))?;
+                let (info, captured) = self
+                    .ragged
+                    .graph
+                    .step(&stream, gkey, 0, || Ok((info, launches)))?;
                 RaggedInfo { captured, ..info }
             }
         };
@@ -561,7 +564,10 @@ impl GpuIndexer {
             ("phi_ptr", KernelArg::Buf(st.phi_buf)),
             ("codes_ptr", KernelArg::Buf(st.codes.buf())),
             ("lut_ptr", KernelArg::Buf(r.lut.buf())),
-            ("lens_ptr", KernelArg::Buf(lens.as_dtype(crate::artifact::Dtype::I64))),
+            (
+                "lens_ptr",
+                KernelArg::Buf(lens.as_dtype(crate::artifact::Dtype::I64)),
+            ),
             ("seen_ptr", KernelArg::Buf(r.seen.buf())),
             ("nc_ptr", KernelArg::Buf(r.ncached.buf())),
             ("stat_ptr", KernelArg::Buf(r.stat.buf())),
