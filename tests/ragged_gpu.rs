@@ -220,7 +220,7 @@ fn ratio_sizes_ip_and_16_bit_weights() {
                 init_offset: 8,
                 ..cfg()
             },
-            vec![4000, 420, 3000],
+            vec![4000, 400, 3000],
         ),
         (
             "ip_fp16_weights",

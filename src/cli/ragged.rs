@@ -450,11 +450,14 @@ pub fn decode_loop(
     ix.check_ragged_errors()
         .context("the ragged decode loop refused a row")?;
     let final_nc = ix.row_n_cached()?;
-    let want: Vec<usize> = last.iter().map(|&s| cfg.n_quantized(s)).collect();
-    anyhow::ensure!(
-        final_nc == want,
-        "after the loop the rows hold {final_nc:?} codes, expected {want:?}"
-    );
+    for (r, (&s, &n)) in last.iter().zip(&final_nc).enumerate() {
+        // a row long at its last step holds every key up to there
+        anyhow::ensure!(
+            cfg.is_short(s) || n == cfg.n_quantized(s),
+            "after the loop row {r} (S_b = {s}) holds {n} codes, expected {}",
+            cfg.n_quantized(s)
+        );
+    }
     say!(
         "ragged (device lengths, one graph):       {}",
         ragged.line()
