@@ -5,7 +5,9 @@
 mod common;
 
 use tritonrt::pq::check::{CheckOptions, ViolationKind};
-use tritonrt::pq::ragged::{check_ragged, reference_step, RaggedInputs};
+use tritonrt::pq::ragged::{
+    check_ragged, plan_ragged, ragged_row_len, reference_step, RaggedInputs,
+};
 use tritonrt::pq::{step, PqConfig, PqInputs, Shape, Size};
 
 fn cfg() -> PqConfig {
@@ -244,4 +246,82 @@ fn ragged_files_round_trip() {
     let pf = dir.path().join("fixed.safetensors");
     tritonrt::pq::io::write_inputs(&pf, &c, &rx.entry(0)).unwrap();
     assert!(read_ragged(&pf).unwrap().is_none());
+}
+
+/// The plan of a ragged step (what `GpuIndexer::step_ragged` validates its lengths with
+/// and `tritonrt run --seq-lens` prints): short rows quantize nothing, long rows catch up
+/// to `S_b - init_offset`, totals per row, and the list length is the largest total.
+#[test]
+fn plan_of_a_ragged_step() {
+    let c = cfg();
+    let thr = c.short_threshold(0);
+    let lens = [1, thr, thr + 1, 300, 900];
+    let ncs = [0, 3, c.n_quantized(thr + 1) - 1, c.n_quantized(300) - 7, 0];
+    let p = plan_ragged(&c, 900, &lens, &ncs).unwrap();
+    assert_eq!(p.s_alloc, 900);
+    assert_eq!(p.short_rows(), 2);
+    let shorts: Vec<bool> = p.rows.iter().map(|r| r.short).collect();
+    assert_eq!(shorts, [true, true, false, false, false]);
+    // short rows keep their count, long rows end at S_b - init_offset
+    assert_eq!(p.rows[1].n, 3);
+    assert_eq!(p.rows[1].new_keys, 0);
+    assert_eq!(p.rows[2].new_keys, 1);
+    assert_eq!(p.rows[3].new_keys, 7);
+    assert_eq!(p.rows[4].new_keys, c.n_quantized(900));
+    assert_eq!(p.new_keys(), 1 + 7 + c.n_quantized(900));
+    for (r, &s) in p.rows.iter().zip(&lens) {
+        assert_eq!(r.total, c.total(s));
+    }
+    assert_eq!(p.total, lens.iter().map(|&s| c.total(s)).max().unwrap());
+}
+
+/// Refusals of the plan name the row and the values: a zero length, one above
+/// `S_alloc`, a row whose state is ahead of its sequence, mismatched counts.
+#[test]
+fn plan_refuses_bad_rows_naming_them() {
+    let c = cfg();
+    let err =
+        |lens: &[usize], ncs: &[usize]| plan_ragged(&c, 900, lens, ncs).unwrap_err().to_string();
+    let e = err(&[500, 901], &[0, 0]);
+    assert!(
+        e.contains("row 1") && e.contains("901") && e.contains("900"),
+        "{e}"
+    );
+    let e = err(&[0, 500], &[0, 0]);
+    assert!(e.contains("row 0") && e.contains("S_b = 0"), "{e}");
+    let e = err(&[500, 100], &[0, 93]);
+    assert!(
+        e.contains("row 1") && e.contains("93") && e.contains("92"),
+        "{e}"
+    );
+    let e = err(&[500], &[0, 0]);
+    assert!(e.contains("1 lengths") && e.contains("2 rows"), "{e}");
+    assert!(plan_ragged(&c, 900, &[], &[]).is_err());
+}
+
+/// The device row length `T` of `sparse_list`: every length up to `S_alloc` fits, and it
+/// is reached, with counts and with ratio sizes (whose totals grow with `S`), and with a
+/// short-path threshold above `S_alloc` (every row short: `T = S_alloc`).
+#[test]
+fn ragged_row_length_holds_every_total() {
+    let counts = cfg();
+    let ratios = PqConfig {
+        sink_size: Size::Ratio(0.01),
+        window_size: Size::Ratio(0.02),
+        heavy_size: Size::Ratio(0.1),
+        ..cfg()
+    };
+    for c in [counts, ratios] {
+        for s_alloc in [1, 30, 97, 98, 99, 500, 4096] {
+            let t = ragged_row_len(&c, s_alloc);
+            let all: Vec<usize> = (1..=s_alloc).map(|s| c.total(s)).collect();
+            assert!(all.iter().all(|&x| x <= t), "{c} S_alloc {s_alloc}");
+            assert_eq!(all.iter().copied().max(), Some(t), "{c} S_alloc {s_alloc}");
+        }
+    }
+    let big = PqConfig {
+        heavy_size: Size::Count(5000),
+        ..cfg()
+    };
+    assert_eq!(ragged_row_len(&big, 4096), 4096);
 }

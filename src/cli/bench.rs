@@ -29,6 +29,7 @@ Examples:
   tritonrt bench --workload large                 B=4, S=131072
   tritonrt bench --sweep --json out.json          S = 4k .. 128k, machine-readable
   tritonrt bench --matrix --json matrix.json      issue 26's matrix: practical, reference, large, heavy sweep
+  tritonrt bench --decode-loop --steps 200        ragged batch of 8 (2k..64k) from one graph vs uniform
 Every step quantizes one new key by default (codes cached for S - 1 - init_offset keys), as the
 upstream benchmark does; --new-keys N makes it N. Timings are medians after a warm-up.")]
 pub struct BenchArgs {
@@ -111,6 +112,15 @@ pub struct BenchArgs {
         requires = "matrix"
     )]
     pub matrix_rows: Vec<String>,
+    /// Time a ragged batch's decode loop (issue 21 item 3): B = 8 sequences of different
+    /// lengths (--seq-lens gives them; default 2048, 4096, 8192, 12288, 16384, 24576,
+    /// 32768, 65536) on the workload's config and heads, each step appending one key per
+    /// sequence and every 8th step 4 to one of them, replayed from one captured graph
+    /// whose seq_lens live in a device buffer updated between replays; medians of wall
+    /// and GPU time per step over --steps, beside a uniform batch of the same total
+    /// length (the fixed-S step, and the ragged kernels at equal lengths).
+    #[arg(long, conflicts_with_all = ["soak", "prefill", "sweep", "devices", "matrix"])]
+    pub decode_loop: bool,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -213,6 +223,14 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     }
     if a.matrix {
         return matrix(&a, &rt);
+    }
+    if a.decode_loop {
+        let starts = if a.seq_lens.is_empty() {
+            vec![2048, 4096, 8192, 12288, 16384, 24576, 32768, 65536]
+        } else {
+            a.seq_lens.clone()
+        };
+        return super::ragged::decode_loop(&rt, &cfg, a.workload.shape(), &starts, a.steps, a.seed);
     }
     let base: Shape = a.workload.shape();
     let seq_lens: Vec<usize> = if a.sweep {

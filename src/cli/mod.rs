@@ -10,6 +10,7 @@ mod build;
 mod core_cmds;
 mod launch;
 mod prefill;
+mod ragged;
 mod run;
 
 /// Exit code: success.

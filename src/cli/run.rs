@@ -59,6 +59,7 @@ Examples:
   tritonrt run --metric ip --dtype bf16 --kv-heads 8 --seq-len 4096
   tritonrt run --heavy-size 0.1 --seq-len 32768  heavy = floor(0.1 * S) = 3276 keys
   tritonrt run --input in.safetensors --output out.safetensors
+  tritonrt run --seq-lens 4096,32768,700,1 --kv-heads 8   a ragged batch, rows at their own S_b
 
 Exit status: 0 ok, 1 the check failed, 2 error (bad input, I/O, no GPU with --backend gpu).")]
 pub struct RunArgs {
@@ -94,6 +95,15 @@ pub struct RunArgs {
     /// How generated inputs are drawn.
     #[arg(long, value_enum, default_value = "normal", help_heading = "Inputs")]
     pub values: Values,
+    /// A ragged batch (spec "Ragged batches"): each sequence's length S_b, comma-separated
+    /// (B = their count; S_alloc = --seq-len, default the largest). Each row holds codes
+    /// for S_b - 1 - init_offset keys (one new key; the short path's rows quantize
+    /// nothing). Runs pq_rgq + pq_rgsel on the GPU (or the CPU reference) and checks every
+    /// row at its own length with the ragged checker. An --input file with a `seq_lens`
+    /// tensor (and optionally `n_cached`) runs the same way.
+    #[arg(long, value_delimiter = ',', value_name = "S_b,...", help_heading = "Inputs",
+          conflicts_with_all = ["input", "batch", "n_cached", "prefill"])]
+    pub seq_lens: Vec<usize>,
     /// Read the inputs and config from this safetensors file (tensors query, key,
     /// pq_centroids, pq_codebook, optional pq_ip2l2_phi; config from __metadata__,
     /// overridable by the config flags) instead of generating them.
@@ -380,22 +390,39 @@ fn build_inputs(a: &RunArgs) -> anyhow::Result<(PqConfig, PqInputs, String)> {
     }
     let base = a.workload.shape();
     let h = a.shape.heads.unwrap_or(base.h);
+    let ragged = !a.seq_lens.is_empty();
     let shape = Shape {
-        b: a.shape.batch.unwrap_or(base.b),
+        b: if ragged {
+            a.seq_lens.len()
+        } else {
+            a.shape.batch.unwrap_or(base.b)
+        },
         h,
         h_kv: a.shape.kv_heads.unwrap_or(if a.shape.heads.is_some() {
             h
         } else {
             base.h_kv
         }),
-        s: a.shape.seq_len.unwrap_or(base.s),
+        s: a.shape.seq_len.unwrap_or(if ragged {
+            a.seq_lens.iter().copied().max().unwrap_or(base.s)
+        } else {
+            base.s
+        }),
         d: a.shape.head_dim.unwrap_or(base.d),
     };
     cfg.validate(&shape)
         .context("checking the config and shape")?;
-    let n_cached = a
-        .n_cached
-        .unwrap_or_else(|| PqInputs::default_n_cached(&cfg, shape.s));
+    let n_cached = if ragged {
+        // the codes tensor holds the most any row has (rows past their own count ignore it)
+        a.seq_lens
+            .iter()
+            .map(|&s| PqInputs::default_n_cached(&cfg, s))
+            .max()
+            .unwrap_or(0)
+    } else {
+        a.n_cached
+            .unwrap_or_else(|| PqInputs::default_n_cached(&cfg, shape.s))
+    };
     let t = Instant::now();
     let inputs = match a.values {
         Values::Normal => PqInputs::random(&cfg, shape, n_cached, a.seed),
@@ -432,6 +459,26 @@ fn head(v: &[i64], n: usize) -> String {
 /// Entry point of `tritonrt run`; returns the process exit code (0 ok, 1 check failed).
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let (cfg, inputs, how) = build_inputs(&a)?;
+    let ragged = if !a.seq_lens.is_empty() {
+        let lens: Vec<i64> = a.seq_lens.iter().map(|&s| s as i64).collect();
+        let ncs: Vec<i64> = a
+            .seq_lens
+            .iter()
+            .map(|&s| PqInputs::default_n_cached(&cfg, s) as i64)
+            .collect();
+        Some((lens, Some(ncs)))
+    } else if let Some(path) = &a.input {
+        pq::io::read_ragged(path)
+            .with_context(|| format!("reading seq_lens from {}", path.display()))?
+            .map(|r| (r.seq_lens, r.n_cached))
+    } else {
+        None
+    };
+    if let Some((lens, ncs)) = ragged {
+        say!("config:  {cfg}");
+        say!("inputs:  {how}");
+        return super::ragged::run_ragged(&a, &cfg, inputs, &lens, ncs.as_deref());
+    }
     let sh = inputs.shape;
     let (mm, k, dc) = (cfg.pq_group_factor, cfg.k_centroids(), cfg.d_c(sh.d));
     let total = cfg.total(sh.s);

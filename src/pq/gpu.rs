@@ -47,7 +47,8 @@
 //! This module re-exports the pipeline's public items from the files that implement it:
 //! `plan` (the step plan), `kernels` (which kernels and variants a config uses), `state`
 //! (the device buffers), `launch` (plan to launches), `graph` (the step graph cache),
-//! `indexer` ([`GpuIndexer`]) and `harness` (execute and bench).
+//! `indexer` ([`GpuIndexer`]), `ragged_gpu` (ragged steps: [`GpuIndexer::step_ragged`],
+//! [`RaggedInfo`]) and `harness` (execute and bench).
 
 pub use crate::pq::harness::{
     bench_shape, copy_bandwidth, execute, execute_with_path, memory_floor_bytes, open_runtime,
@@ -61,4 +62,5 @@ pub use crate::pq::plan::{
     plan_step, takes_index, HistFacts, IndexFacts, PlanFacts, SelectPath, StepInfo, StepKind,
     StepPlan, BULK_QUANTIZE_MIN, COMPANION_FILL_MAX_BYTES, INDEX_BUCKET_BUDGET_BYTES,
 };
+pub use crate::pq::ragged_gpu::{RaggedInfo, RAGGED_QUANT_CTAS};
 pub use crate::pq::state::StepOutputs;

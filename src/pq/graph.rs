@@ -24,12 +24,12 @@ pub(crate) struct GraphKey {
     pub buffers: Vec<u64>,
 }
 
-struct Captured {
+struct Captured<I> {
     key: GraphKey,
     /// `N_cached` at capture: replays re-quantize keys from here, so a replay is exact
     /// while the state holds at least this many codes.
     n_old: usize,
-    info: StepInfo,
+    info: I,
     /// Whether the graph's kernel nodes line up with its launches (else it is only
     /// replayed, never updated).
     updatable: bool,
@@ -38,11 +38,17 @@ struct Captured {
     graph: KernelGraph,
 }
 
-/// The indexer's captured step graph, if any.
-#[derive(Default)]
-pub(crate) struct StepGraph(Option<Captured>);
+/// The indexer's captured step graph, if any, with what the step reports (`I`: the
+/// fixed-`S` step's [`StepInfo`], or the ragged step's).
+pub(crate) struct StepGraph<I = StepInfo>(Option<Captured<I>>);
 
-impl StepGraph {
+impl<I> Default for StepGraph<I> {
+    fn default() -> Self {
+        StepGraph(None)
+    }
+}
+
+impl<I: Copy> StepGraph<I> {
     /// Forget the captured graph (the state it was captured on is being replaced).
     pub fn clear(&mut self) {
         self.0 = None;
@@ -52,8 +58,8 @@ impl StepGraph {
     /// for this very step (`key`, and at most `n_old` keys quantized then); else, when
     /// only `S` / `N_cached` moved (same buffers, same kernels), update the captured
     /// kernel nodes' arguments and grids to `build()`'s launches in place and replay;
-    /// else capture `build()`'s launches anew. Returns the step's info (`captured` set
-    /// when it captured).
+    /// else capture `build()`'s launches anew. Returns the step's info and whether it
+    /// captured.
     ///
     /// Errors: `build`'s errors, driver errors of capture, update or launch.
     pub fn step(
@@ -61,12 +67,12 @@ impl StepGraph {
         stream: &Arc<CudaStream>,
         gkey: GraphKey,
         n_old: usize,
-        build: impl FnOnce() -> Result<(StepInfo, Vec<Launch>)>,
-    ) -> Result<StepInfo> {
+        build: impl FnOnce() -> Result<(I, Vec<Launch>)>,
+    ) -> Result<(I, bool)> {
         if let Some(c) = &self.0 {
             if c.key == gkey && c.n_old <= n_old {
                 c.graph.launch()?;
-                return Ok(c.info);
+                return Ok((c.info, false));
             }
         }
         let (info, launches) = build()?;
@@ -94,7 +100,7 @@ impl StepGraph {
                     c.n_old = n_old;
                     c.info = info;
                     c.graph.launch()?;
-                    return Ok(info);
+                    return Ok((info, false));
                 }
                 // an update the driver refused (or a node of another kernel): capture anew
             }
@@ -111,9 +117,6 @@ impl StepGraph {
             kernels: launches.iter().map(|l| l.kernel.id().to_string()).collect(),
             graph,
         });
-        Ok(StepInfo {
-            captured: true,
-            ..info
-        })
+        Ok((info, true))
     }
 }

@@ -58,6 +58,20 @@ impl DeviceInputs {
     ///
     /// Errors: driver errors (allocation of `B x H_kv x S x D` key elements included).
     pub fn upload(stream: &Arc<CudaStream>, inputs: &PqInputs, cfg: &PqConfig) -> Result<Self> {
+        Self::upload_from(stream, inputs, cfg, cfg.init_offset + inputs.n_cached)
+    }
+
+    /// [`DeviceInputs::upload`] copying the key rows from position `first` on (a ragged
+    /// batch reads from `init_offset + min_b n_cached[b]`); the rest of the key buffer is
+    /// zero.
+    ///
+    /// Errors: driver errors.
+    pub fn upload_from(
+        stream: &Arc<CudaStream>,
+        inputs: &PqInputs,
+        cfg: &PqConfig,
+        first: usize,
+    ) -> Result<Self> {
         let sh = inputs.shape;
         let dtype = cfg.input_dtype;
         let wpe = dtype.size_bytes() / 2; // 16-bit words per element
@@ -68,7 +82,7 @@ impl DeviceInputs {
         let mut key = stream
             .alloc_zeros::<u16>(sh.b * sh.h_kv * sh.s * sh.d * wpe)
             .map_err(drv("allocating key"))?;
-        let first = (cfg.init_offset + inputs.n_cached).min(sh.s);
+        let first = first.min(sh.s);
         if first < sh.s {
             for bg in 0..sh.b * sh.h_kv {
                 let lo = (bg * sh.s + first) * sh.d;

@@ -14,6 +14,7 @@ use crate::pq::kernels::Kernels;
 use crate::pq::launch::{issue, ArgOrder, DeviceTensorRef, StepLaunches};
 use crate::pq::memory::StateBytes;
 use crate::pq::plan::{plan_step, takes_index, PlanFacts, SelectPath, StepInfo, StepPlan};
+use crate::pq::ragged_gpu::RaggedState;
 use crate::pq::reference::PqOutput;
 use crate::pq::state::{DeviceState, StepOutputs};
 use crate::runtime::Runtime;
@@ -31,18 +32,21 @@ pub enum LaunchMode {
 ///
 /// Not `Sync`: one indexer serves one decode loop. Create one per stream.
 pub struct GpuIndexer {
-    rt: Arc<Runtime>,
-    kernels: Kernels,
+    pub(crate) rt: Arc<Runtime>,
+    pub(crate) kernels: Kernels,
     /// What [`plan_step`] needs of the GPU and the kernels (fixed at creation).
-    facts: PlanFacts,
-    state: DeviceState,
+    pub(crate) facts: PlanFacts,
+    pub(crate) state: DeviceState,
     path: SelectPath,
     last: Option<StepInfo>,
-    arg_order: ArgOrder,
+    pub(crate) arg_order: ArgOrder,
     graph: StepGraph,
     /// Device addresses of the last step's query, key and caller outputs, already checked
     /// to lie on this indexer's device (a step checks only addresses that changed).
     placed: [u64; 5],
+    /// Ragged steps' state (`crate::pq::ragged_gpu`): each row's `N_cached` on the
+    /// device, their buffers and their captured graph.
+    pub(crate) ragged: RaggedState,
 }
 
 impl GpuIndexer {
@@ -204,6 +208,7 @@ impl GpuIndexer {
             arg_order: ArgOrder::default(),
             graph: StepGraph::default(),
             placed: [0; 5],
+            ragged: RaggedState::new(&cfg, shape.s),
         })
     }
 
@@ -337,6 +342,7 @@ impl GpuIndexer {
             ));
         }
         self.graph.clear();
+        self.ragged.forget();
         let src = self
             .state
             .stream
@@ -370,6 +376,7 @@ impl GpuIndexer {
             ));
         }
         self.graph.clear();
+        self.ragged.forget();
         let buf = DeviceBuf::of(codes, &self.state.stream);
         self.state
             .import_codes(&self.kernels, &self.arg_order, buf, n)
@@ -397,6 +404,13 @@ impl GpuIndexer {
         s: usize,
         mode: LaunchMode,
     ) -> Result<StepInfo> {
+        if self.ragged.active {
+            return Err(Error::invalid(
+                "step",
+                "this indexer runs ragged steps (each row keeps its own N_cached): continue \
+                 with step_ragged, or import codes (import_codes) to take fixed-S steps again",
+            ));
+        }
         check_tensor(&self.state.cfg, "query", query)?;
         check_tensor(&self.state.cfg, "key", key)?;
         let sh = self.state.shape;
@@ -431,7 +445,8 @@ impl GpuIndexer {
                     buffers: self.state.buffer_ptrs(),
                 };
                 let build = || Ok((plan.info(), launcher.build(&plan, query, key)?));
-                self.graph.step(&self.state.stream, gkey, n_old, build)?
+                let (info, captured) = self.graph.step(&self.state.stream, gkey, n_old, build)?;
+                StepInfo { captured, ..info }
             }
         };
         self.state.n_cached = plan.n;
@@ -498,7 +513,11 @@ impl GpuIndexer {
 
     /// Refuse a query, key or output buffer of another device than the runtime's
     /// (checked when an address changes; a decode loop on fixed buffers checks once).
-    fn check_placement(&mut self, query: &DeviceTensorRef, key: &DeviceTensorRef) -> Result<()> {
+    pub(crate) fn check_placement(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+    ) -> Result<()> {
         let outs = self.state.outputs;
         let addrs = [
             ("query buffer", query.buf().addr()),
@@ -617,13 +636,15 @@ impl GpuIndexer {
     /// [`GpuIndexer::step_into`] are not counted). By group: [`GpuIndexer::memory`];
     /// predicted on the CPU by [`crate::pq::memory::state_bytes_for`].
     pub fn state_bytes(&self) -> usize {
-        self.state.bytes().total()
+        self.memory().total()
     }
 
     /// [`GpuIndexer::state_bytes`] by group of buffers (bytes; `state()` leaves the
     /// outputs out).
     pub fn memory(&self) -> StateBytes {
-        self.state.bytes()
+        let mut b = self.state.bytes();
+        b.select += self.ragged.bytes();
+        b
     }
 }
 
@@ -665,7 +686,7 @@ fn check_codebook(
     }
 }
 
-fn check_tensor(cfg: &PqConfig, what: &str, t: &DeviceTensorRef) -> Result<()> {
+pub(crate) fn check_tensor(cfg: &PqConfig, what: &str, t: &DeviceTensorRef) -> Result<()> {
     if t.dtype() != cfg.input_dtype {
         return Err(Error::invalid(
             what,

@@ -163,6 +163,15 @@ impl QuantKernel {
     }
 }
 
+/// The ragged step's kernels (`kernels_triton/pq_ragged.py`): every entry at its own
+/// length, read on the device.
+pub(crate) struct RaggedKernels {
+    /// `pq_rgq.k_<qt>`: each row's new keys' codes, grid `(B*H_kv*M, NCH)`.
+    pub rgq: Arc<Kernel>,
+    /// `pq_rgsel.q_<qt>.w_<wt>`: one CTA per output row, grid `(B*H,)`.
+    pub rgsel: Arc<Kernel>,
+}
+
 /// The chunked select kernel and the sizes its launches use.
 pub(crate) struct SelectKernel {
     pub kernel: Arc<Kernel>,
@@ -200,6 +209,9 @@ pub(crate) struct Kernels {
     pub quant_a16: Option<QuantKernel>,
     pub import: Arc<Kernel>,
     pub export: Arc<Kernel>,
+    /// The ragged step's kernels, where built (an older kernel cache has none: ragged
+    /// steps are then refused, naming them).
+    pub ragged: Option<RaggedKernels>,
 }
 
 impl Kernels {
@@ -304,7 +316,15 @@ impl Kernels {
         } else {
             None
         };
+        let ragged = match (
+            rt.default_kernel(&format!("pq_rgq.k_{qt}")),
+            rt.default_kernel(&format!("pq_rgsel.q_{qt}.w_{wt}")),
+        ) {
+            (Ok(rgq), Ok(rgsel)) => Some(RaggedKernels { rgq, rgsel }),
+            _ => None,
+        };
         Ok(Kernels {
+            ragged,
             hist,
             split,
             index,
@@ -386,6 +406,9 @@ impl Kernels {
         }
         if let Some(rk) = &self.range {
             v.extend([rk.rlut.clone(), rk.rround.clone(), rk.emit.clone()]);
+        }
+        if let Some(rg) = &self.ragged {
+            v.extend([rg.rgq.clone(), rg.rgsel.clone()]);
         }
         v
     }

@@ -17,7 +17,9 @@
 //! - [`matrix`]: the rows `tritonrt bench --matrix` times (the spec's practical,
 //!   reference and large workloads, a heavy-size sweep), as data.
 //! - [`ragged`]: ragged batches (each entry at its own length): inputs, padded outputs,
-//!   the CPU reference and the checker, built from the fixed-`S` ones per entry.
+//!   the CPU reference and the checker, built from the fixed-`S` ones per entry, and
+//!   the plan of a ragged step ([`ragged::plan_ragged`], pure). The GPU side is
+//!   [`gpu::GpuIndexer::step_ragged`] (module `ragged_gpu`).
 //!
 //! - [`shard_plan`]: heads split over `G` devices as tensor parallelism does
 //!   ([`shard_plan::ShardPlan`]: head ranges, slicing the inputs, stitching the outputs;
@@ -49,6 +51,7 @@ pub mod memory;
 pub mod plan;
 pub mod prefill;
 pub mod ragged;
+mod ragged_gpu;
 pub mod reference;
 pub mod shard_plan;
 pub mod sharded;

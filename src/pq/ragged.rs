@@ -427,3 +427,113 @@ pub fn check_ragged(
     }
     report
 }
+
+/// The length `T` of a ragged step's `sparse_list` rows on the device: the largest
+/// `total` any length `1..=s_alloc` has (sizes resolved at each length), so that the
+/// layout `[B, H, T]` does not depend on the lengths and one captured graph serves them
+/// all. Every row's `total_b <= T`; its tail up to `T` is `-1`.
+pub fn ragged_row_len(cfg: &PqConfig, s_alloc: usize) -> usize {
+    (1..=s_alloc).map(|s| cfg.total(s)).max().unwrap_or(0)
+}
+
+/// One entry of a [`RaggedPlan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaggedRowPlan {
+    /// `S_b`.
+    pub s: usize,
+    /// Whether the entry takes the short path (`S_b <= heavy + init_offset + 1 + K`,
+    /// `heavy` resolved at `S_b`): every position listed, nothing quantized.
+    pub short: bool,
+    /// `N_cached[b]` before the step.
+    pub n_old: usize,
+    /// `N_cached[b]` after it (`S_b - init_offset` on the long path, else `n_old`).
+    pub n: usize,
+    /// Keys the step quantizes for the entry (`n - n_old`).
+    pub new_keys: usize,
+    /// `total_b`: its list length (`S_b` on the short path, else `sink' + k + window'`).
+    pub total: usize,
+}
+
+/// What a ragged step does for each entry, as data (pure: the GPU indexer validates its
+/// host-side lengths with it, `tritonrt run --seq-lens` prints it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaggedPlan {
+    /// `S_alloc`.
+    pub s_alloc: usize,
+    /// `max_b total_b`: the row length of the downloaded `sparse_list`.
+    pub total: usize,
+    /// Each entry's plan, in batch order.
+    pub rows: Vec<RaggedRowPlan>,
+}
+
+impl RaggedPlan {
+    /// Entries on the short path.
+    pub fn short_rows(&self) -> usize {
+        self.rows.iter().filter(|r| r.short).count()
+    }
+
+    /// Keys quantized over the batch.
+    pub fn new_keys(&self) -> usize {
+        self.rows.iter().map(|r| r.new_keys).sum()
+    }
+}
+
+/// Plan a ragged step of entries at `seq_lens` holding `n_cached` codes each, for key
+/// tensors of `s_alloc` positions.
+///
+/// Errors: [`Error::Invalid`] naming the row and the values: `seq_lens` and `n_cached`
+/// of different lengths or empty, `S_b` zero or above `S_alloc`, `n_cached[b]` above
+/// `S_b - init_offset` (more codes than the entry has keys: the state is ahead of the
+/// sequence).
+pub fn plan_ragged(
+    cfg: &PqConfig,
+    s_alloc: usize,
+    seq_lens: &[usize],
+    n_cached: &[usize],
+) -> Result<RaggedPlan> {
+    if seq_lens.is_empty() || seq_lens.len() != n_cached.len() {
+        return Err(Error::invalid(
+            "seq_lens",
+            format!(
+                "{} lengths for {} rows of cached-code counts (one per batch row, B >= 1)",
+                seq_lens.len(),
+                n_cached.len()
+            ),
+        ));
+    }
+    let mut rows = Vec::with_capacity(seq_lens.len());
+    for (b, (&s, &n_old)) in seq_lens.iter().zip(n_cached).enumerate() {
+        if s == 0 || s > s_alloc {
+            return Err(Error::invalid(
+                "seq_lens",
+                format!("row {b}: S_b = {s}, expected 1..=S_alloc = {s_alloc}"),
+            ));
+        }
+        let most = cfg.n_quantized(s);
+        if n_old > most {
+            return Err(Error::invalid(
+                "n_cached",
+                format!(
+                    "row {b}: {n_old} cached codes but S_b - init_offset = {s} - {} = {most} keys \
+                     (the row's state is ahead of its sequence)",
+                    cfg.init_offset
+                ),
+            ));
+        }
+        let short = cfg.is_short(s);
+        let n = if short { n_old } else { most };
+        rows.push(RaggedRowPlan {
+            s,
+            short,
+            n_old,
+            n,
+            new_keys: n - n_old,
+            total: cfg.total(s),
+        });
+    }
+    Ok(RaggedPlan {
+        s_alloc,
+        total: rows.iter().map(|r| r.total).max().unwrap_or(0),
+        rows,
+    })
+}

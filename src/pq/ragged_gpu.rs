@@ -1,0 +1,663 @@
+//! Ragged steps on the GPU (spec "Ragged batches"): [`GpuIndexer::step_ragged`] and
+//! [`GpuIndexer::step_ragged_device`] run one step over `B` sequences at their own
+//! lengths `S_b <= S_alloc` (`S_alloc` the indexer's `shape().s`), each row with its own
+//! `N_cached[b]`, in two launches (`kernels_triton/pq_ragged.py`):
+//!
+//! - `pq_rgq.k_<qt>`, grid `(B*H_kv*M, NCH)`: each long row's new keys' codes;
+//! - `pq_rgsel.q_<qt>.w_<wt>`, grid `(B*H,)`: one CTA per output row lists the row (short
+//!   or long at its own `S_b`, sizes resolved at `S_b`), sets the row's `N_cached`.
+//!
+//! Every length-dependent quantity is read on the device, from the lengths buffer and the
+//! rows' counts (`i64 [B]`, kept by the indexer), so the launches' arguments depend only on
+//! `S_alloc` and the shapes: one captured graph serves any lengths. The outputs keep fixed
+//! device shapes: `sparse_list i64 [B, H, T]` (`T` = [`ragged_row_len`], the largest
+//! total any length up to `S_alloc` has; each row `-1` past its `total_b`), `sparse_len
+//! i64 [B, H]`, `weight_list [B, H, S_alloc]` (zeros past `S_b`); [`GpuIndexer::download_ragged`]
+//! cuts `sparse_list` to `max_b total_b` as the spec's layout says.
+
+use cudarc::driver::DevicePtr;
+
+use crate::abi::KernelArg;
+use crate::driver::{DevBuf, DeviceBuf};
+use crate::error::{Error, Result};
+use crate::pq::config::{DType, Metric, PqConfig};
+use crate::pq::graph::{GraphKey, StepGraph};
+use crate::pq::indexer::{check_tensor, GpuIndexer, LaunchMode};
+use crate::pq::launch::{i32_arg, issue, DeviceTensorRef, Launch};
+use crate::pq::ragged::{plan_ragged, ragged_row_len, RaggedOutput, RaggedPlan};
+use crate::pq::Size;
+
+/// CTAs per (batch, KV head, subvector) that quantize a row's new keys, by default
+/// ([`GpuIndexer::set_ragged_quant_ctas`]): each takes every `NCH`-th new key.
+pub const RAGGED_QUANT_CTAS: usize = 4;
+
+/// What a ragged step reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaggedInfo {
+    /// `S_alloc`: the key tensor's length and `weight_list`'s row length.
+    pub s_alloc: usize,
+    /// `T`: the row length of `sparse_list` on the device ([`ragged_row_len`]).
+    pub row_len: usize,
+    /// Kernel launches the step issued (or graph nodes replayed).
+    pub launches: usize,
+    /// Whether a graph was captured (false: replayed, updated in place, or no graph).
+    pub captured: bool,
+}
+
+/// The ragged steps' device buffers and host-side knowledge (part of [`GpuIndexer`]).
+pub(crate) struct RaggedState {
+    /// `i64 [B]`: the lengths of [`GpuIndexer::step_ragged`], uploaded before its launches.
+    lens_in: DevBuf<i64>,
+    /// `i64 [B]`: the lengths the last step ran with (copied by `pq_rgq`).
+    seen: DevBuf<i64>,
+    /// `i64 [B]`: each row's `N_cached` (the device's count is authoritative).
+    ncached: DevBuf<i64>,
+    /// `i32 [B]`: whether each row's length and count were valid at the last step.
+    stat: DevBuf<i32>,
+    /// `i32 [2]`: rows refused on the device since the last check, and the first of them
+    /// (`i32::MAX` for none).
+    err: DevBuf<i32>,
+    /// `f32 [B*H, M, K]`: each row's lookup table (scratch).
+    lut: DevBuf<f32>,
+    /// The rows' counts where the host knows them (after [`GpuIndexer::step_ragged`] or
+    /// [`GpuIndexer::set_row_n_cached`]; not after a device-length step).
+    host_nc: Option<Vec<usize>>,
+    /// Whether `ncached` holds the rows' counts (from the first ragged step, or
+    /// [`GpuIndexer::set_row_n_cached`], until codes are imported again).
+    pub active: bool,
+    /// `T` (fixed by the config and `S_alloc`).
+    row_len: usize,
+    /// `NCH` of `pq_rgq`.
+    quant_ctas: usize,
+    last: Option<RaggedInfo>,
+    graph: StepGraph<RaggedInfo>,
+}
+
+impl RaggedState {
+    /// Nothing allocated yet; `T` for `cfg` at `s_alloc`.
+    pub fn new(cfg: &PqConfig, s_alloc: usize) -> Self {
+        RaggedState {
+            lens_in: DevBuf::new(),
+            seen: DevBuf::new(),
+            ncached: DevBuf::new(),
+            stat: DevBuf::new(),
+            err: DevBuf::new(),
+            lut: DevBuf::new(),
+            host_nc: None,
+            active: false,
+            row_len: ragged_row_len(cfg, s_alloc),
+            quant_ctas: RAGGED_QUANT_CTAS,
+            last: None,
+            graph: StepGraph::default(),
+        }
+    }
+
+    /// Forget the rows' counts and the captured graph (codes are being replaced: every
+    /// row holds the imported count at the next ragged step).
+    pub fn forget(&mut self) {
+        self.active = false;
+        self.host_nc = None;
+        self.last = None;
+        self.graph.clear();
+    }
+
+    /// Device bytes of the ragged buffers.
+    pub fn bytes(&self) -> usize {
+        8 * (self.lens_in.len() + self.seen.len() + self.ncached.len())
+            + 4 * (self.stat.len() + self.err.len() + self.lut.len())
+    }
+}
+
+/// A size as the ragged kernels take it: `(count, ratio)`, ratio `-1.0` for a count.
+fn size_args(v: Size) -> (i64, f64) {
+    match v {
+        Size::Count(n) => (i64::try_from(n).unwrap_or(i64::MAX), -1.0),
+        Size::Ratio(r) => (0, r),
+    }
+}
+
+fn drv(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| crate::driver::device::driver_err(what, e)
+}
+
+impl GpuIndexer {
+    /// `T`: the row length of a ragged step's `sparse_list` on the device, the largest
+    /// `total` any length `1..=S_alloc` has ([`ragged_row_len`]).
+    pub fn ragged_row_len(&self) -> usize {
+        self.ragged.row_len
+    }
+
+    /// Quantize each row's new keys with `n` CTAs per (batch, KV head, subvector) in
+    /// later ragged steps (default [`RAGGED_QUANT_CTAS`]; at least 1). More help
+    /// catch-up steps of many keys; each CTA beyond a row's new keys exits at once.
+    pub fn set_ragged_quant_ctas(&mut self, n: usize) {
+        self.ragged.quant_ctas = n.clamp(1, 65535);
+    }
+
+    /// Set each row's `N_cached` for ragged steps: row `b` holds the first `n_cached[b]`
+    /// of the codes the indexer holds ([`GpuIndexer::n_cached`], imported with
+    /// [`GpuIndexer::import_codes`]; the rest of its codes are ignored and rewritten as
+    /// its keys are quantized). Without this call, the first ragged step starts every row
+    /// at [`GpuIndexer::n_cached`]. Synchronous (a small upload).
+    ///
+    /// Errors: [`Error::Invalid`] naming the row and the values: not one count per batch
+    /// row, a count above the codes held; driver errors.
+    pub fn set_row_n_cached(&mut self, n_cached: &[usize]) -> Result<()> {
+        let (b, held) = (self.state.shape.b, self.state.n_cached);
+        if n_cached.len() != b {
+            return Err(Error::invalid(
+                "n_cached",
+                format!(
+                    "{} counts, expected one per batch row (B = {b})",
+                    n_cached.len()
+                ),
+            ));
+        }
+        if let Some((row, &n)) = n_cached.iter().enumerate().find(|(_, &n)| n > held) {
+            return Err(Error::invalid(
+                "n_cached",
+                format!("row {row}: n_cached = {n}, but the indexer holds {held} codes per row"),
+            ));
+        }
+        self.ensure_ragged()?;
+        self.upload_counts(n_cached)?;
+        self.synchronize()
+    }
+
+    /// Each row's `N_cached` (the host's copy where it has one, else read from the
+    /// device: synchronous). Before any ragged step, every row holds
+    /// [`GpuIndexer::n_cached`].
+    ///
+    /// Errors: driver errors.
+    pub fn row_n_cached(&self) -> Result<Vec<usize>> {
+        if !self.ragged.active {
+            return Ok(vec![self.state.n_cached; self.state.shape.b]);
+        }
+        if let Some(v) = &self.ragged.host_nc {
+            return Ok(v.clone());
+        }
+        self.synchronize()?;
+        let v = self.read_i64(&self.ragged.ncached, "downloading the rows' n_cached")?;
+        Ok(v.into_iter().map(|x| x.max(0) as usize).collect())
+    }
+
+    /// The plan of a ragged step at `seq_lens` from the rows' current counts (nothing is
+    /// issued; may read the counts back: see [`GpuIndexer::row_n_cached`]).
+    ///
+    /// Errors: those of [`plan_ragged`] (a length of 0 or above `S_alloc`, a row whose
+    /// state is ahead of its sequence, not one length per batch row), driver errors.
+    pub fn plan_ragged(&self, seq_lens: &[usize]) -> Result<RaggedPlan> {
+        if seq_lens.len() != self.state.shape.b {
+            return Err(Error::invalid(
+                "seq_lens",
+                format!(
+                    "{} lengths, expected one per batch row (B = {})",
+                    seq_lens.len(),
+                    self.state.shape.b
+                ),
+            ));
+        }
+        let nc = self.row_n_cached()?;
+        plan_ragged(&self.state.cfg, self.state.shape.s, seq_lens, &nc)
+    }
+
+    /// One ragged step (spec "Ragged batches"): row `b` at length `seq_lens[b]` (`1 ..=
+    /// S_alloc`, `S_alloc = shape().s`) with its own `N_cached[b]`. `query` is `[B, H, 1,
+    /// D]`, `key` `[B, H_kv, S_alloc, D]` (row `b` reads positions `init_offset +
+    /// N_cached[b] .. S_b`). Outputs in the indexer's buffers: see the module docs and
+    /// [`GpuIndexer::download_ragged`]. The lengths are checked here, then uploaded into the
+    /// indexer's lengths buffer (a copy from pageable host memory, which waits for the
+    /// stream's earlier work; a decode loop that must not wait uses
+    /// [`GpuIndexer::step_ragged_device`]). In graph mode the captured graph does not depend
+    /// on the lengths: a later step with other lengths replays it.
+    ///
+    /// Errors: [`Error::Invalid`] naming the row and the values (a length of 0 or above
+    /// `S_alloc`, a row with more cached codes than keys at its length, not one length per
+    /// batch row), dtype or extent of `query` / `key`, ragged kernels not built, driver
+    /// errors. Nothing is issued when the lengths are refused.
+    pub fn step_ragged(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        seq_lens: &[usize],
+        mode: LaunchMode,
+    ) -> Result<RaggedInfo> {
+        let plan = self.plan_ragged(seq_lens)?;
+        self.ensure_ragged()?;
+        let lens: Vec<i64> = seq_lens.iter().map(|&s| s as i64).collect();
+        let st = self.state.stream.clone();
+        let dst = self
+            .ragged
+            .lens_in
+            .slice_mut()
+            .ok_or_else(|| Error::invalid("seq_lens", "the lengths buffer is not allocated"))?;
+        st.memcpy_htod(&lens, dst)
+            .map_err(drv("uploading seq_lens"))?;
+        let buf = self.ragged.lens_in.buf();
+        let info = self.ragged_launch(query, key, buf, mode)?;
+        self.ragged.host_nc = Some(plan.rows.iter().map(|r| r.n).collect());
+        Ok(info)
+    }
+
+    /// [`GpuIndexer::step_ragged`] with the lengths read on the device from `seq_lens`
+    /// (`i64 [B]`, the caller's buffer on this indexer's device, written in stream order
+    /// before the step: an engine updates it between replays of one captured graph).
+    /// Nothing is copied or synchronized. Rows whose length or count is invalid (`S_b`
+    /// outside `1..=S_alloc`, more cached codes than keys) are refused on the device: their
+    /// outputs list nothing (`sparse_len = -1`, `sparse_list` all `-1`, zero weights),
+    /// their count stays, and [`GpuIndexer::check_ragged_errors`] (or
+    /// [`GpuIndexer::download_ragged`]) reports them by row and values.
+    ///
+    /// Errors: `seq_lens` shorter than `B` values or of another device, and those of
+    /// [`GpuIndexer::step_ragged`] but the lengths' checks.
+    pub fn step_ragged_device<L: DevicePtr<i64>>(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        seq_lens: &L,
+        mode: LaunchMode,
+    ) -> Result<RaggedInfo> {
+        let b = self.state.shape.b;
+        if seq_lens.len() < b {
+            return Err(Error::invalid(
+                "seq_lens",
+                format!("{} i64 values, expected B = {b}", seq_lens.len()),
+            ));
+        }
+        let buf = DeviceBuf::of(seq_lens, &self.state.stream);
+        let dev = self.rt.device();
+        dev.check_addr(
+            buf.addr(),
+            "the step's seq_lens buffer",
+            &format!("the indexer (device {})", dev.ordinal()),
+        )?;
+        self.ensure_ragged()?;
+        let info = self.ragged_launch(query, key, buf, mode)?;
+        self.ragged.host_nc = None;
+        Ok(info)
+    }
+
+    /// Report rows a ragged step refused on the device since the last check (their
+    /// outputs list nothing), and clear the record. Synchronous.
+    ///
+    /// Errors: [`Error::Invalid`] naming how many rows, the first row and its values
+    /// (`S_b`, `n_cached`, `S_alloc`, `init_offset`); driver errors.
+    pub fn check_ragged_errors(&mut self) -> Result<()> {
+        if self.ragged.err.is_empty() {
+            return Ok(());
+        }
+        self.synchronize()?;
+        let err = self.read_i32(&self.ragged.err, "reading the ragged step's refusals")?;
+        if err[0] == 0 {
+            return Ok(());
+        }
+        let b = err[1].max(0) as usize;
+        let seen = self.read_i64(&self.ragged.seen, "reading seq_lens")?;
+        let nc = self.read_i64(&self.ragged.ncached, "reading n_cached")?;
+        self.reset_err()?;
+        let (s, n) = (
+            seen.get(b).copied().unwrap_or(-1),
+            nc.get(b).copied().unwrap_or(-1),
+        );
+        let io = self.state.cfg.init_offset;
+        Err(Error::invalid(
+            "seq_lens",
+            format!(
+                "{} row(s) refused on the device; first: row {b}: S_b = {s}, n_cached = {n}; \
+                 expected 1 <= S_b <= S_alloc = {} and n_cached <= S_b - init_offset \
+                 (init_offset = {io})",
+                err[0], self.state.shape.s
+            ),
+        ))
+    }
+
+    /// The last ragged step's outputs and each row's codes, on the host (synchronous):
+    /// `sparse_list` cut to `max_b total_b` per row (`-1` past each row's `total_b`),
+    /// `sparse_len`, `weight_list [B, H, S_alloc]` as 0/1 f32, codes `[B, max_b n_b,
+    /// H_kv, M]` (zero past each row's count) and the rows' counts.
+    ///
+    /// Errors: no ragged step has run; rows the step refused
+    /// ([`GpuIndexer::check_ragged_errors`]); driver errors.
+    pub fn download_ragged(&mut self) -> Result<RaggedOutput> {
+        let info = self
+            .ragged
+            .last
+            .ok_or_else(|| Error::invalid("download_ragged", "no ragged step has run"))?;
+        self.check_ragged_errors()?;
+        let (cfg, sh) = (self.state.cfg, self.state.shape);
+        let rows = sh.b * sh.h;
+        let (t, sa) = (info.row_len, info.s_alloc);
+        let seq_lens: Vec<usize> = self
+            .read_i64(&self.ragged.seen, "reading seq_lens")?
+            .into_iter()
+            .take(sh.b)
+            .map(|s| s.max(0) as usize)
+            .collect();
+        let n_cached: Vec<usize> = self
+            .read_i64(&self.ragged.ncached, "reading n_cached")?
+            .into_iter()
+            .take(sh.b)
+            .map(|s| s.max(0) as usize)
+            .collect();
+        let (sl_dev, sparse_len, wraw) = self.state.download_outputs(t, sa)?;
+        let total = seq_lens
+            .iter()
+            .map(|&s| cfg.total(s))
+            .max()
+            .unwrap_or(0)
+            .min(t);
+        let mut sparse_list = Vec::with_capacity(rows * total);
+        for r in 0..rows {
+            sparse_list.extend_from_slice(&sl_dev[r * t..r * t + total]);
+        }
+        let weight_list = weights_f32(cfg.weight_dtype, &wraw);
+        let (h_kv, m) = (sh.h_kv, cfg.m());
+        let n_max = n_cached.iter().copied().max().unwrap_or(0);
+        let mut codes = vec![0i64; sh.b * n_max * h_kv * m];
+        if n_max > 0 {
+            let mut tmp: DevBuf<i64> = DevBuf::new();
+            tmp.ensure(&self.state.stream, codes.len())?;
+            self.state.launch_codes_copy(
+                &self.kernels,
+                &self.arg_order,
+                true,
+                self.state.codes.buf(),
+                tmp.buf(),
+                n_max,
+                self.state.cap,
+            )?;
+            let all = self.read_i64(&tmp, "downloading codes")?;
+            let row = n_max * h_kv * m;
+            for (b, &n) in n_cached.iter().enumerate() {
+                let keep = n.min(n_max) * h_kv * m;
+                codes[b * row..b * row + keep].copy_from_slice(&all[b * row..b * row + keep]);
+            }
+        }
+        self.ragged.host_nc = Some(n_cached.clone());
+        Ok(RaggedOutput {
+            b: sh.b,
+            h: sh.h,
+            h_kv,
+            m,
+            s_alloc: sa,
+            seq_lens,
+            total,
+            sparse_list,
+            sparse_len,
+            weight_list,
+            n_max,
+            codes,
+            n_cached,
+        })
+    }
+
+    /// Allocate the ragged buffers and the outputs at `S_alloc` (first ragged use: the
+    /// rows start at the codes held), so that steps allocate nothing after.
+    fn ensure_ragged(&mut self) -> Result<()> {
+        if self.kernels.ragged.is_none() {
+            return Err(Error::invalid(
+                "ragged step",
+                "pq_rgq / pq_rgsel are not in this ptx_cache (kernels_triton/pq_ragged.py; \
+                 rebuild with kernels_triton/build.py)",
+            ));
+        }
+        if self.state.outputs.is_some() {
+            return Err(Error::invalid(
+                "ragged step",
+                "caller output buffers are not supported by ragged steps",
+            ));
+        }
+        let (cfg, sh) = (self.state.cfg, self.state.shape);
+        let st = self.state.stream.clone();
+        let rows = sh.b * sh.h;
+        let r = &mut self.ragged;
+        r.lens_in.ensure(&st, sh.b)?;
+        r.seen.ensure(&st, sh.b)?;
+        r.stat.ensure(&st, sh.b)?;
+        r.lut.ensure(&st, rows * cfg.m() * cfg.k_centroids())?;
+        self.state.sparse_list.ensure(&st, rows * r.row_len)?;
+        self.state
+            .weight
+            .ensure(&st, rows * sh.s * cfg.weight_dtype.size_bytes())?;
+        if r.err.is_empty() {
+            r.err.ensure(&st, 2)?;
+            self.reset_err()?;
+        }
+        if !self.ragged.active {
+            // rows hold what the state holds; codes grow to S_alloc's keys once, before
+            // any row holds more than the state's count (growth keeps only those)
+            let n_alloc = cfg.n_quantized(sh.s);
+            self.state
+                .grow_codes(&self.kernels, &self.arg_order, n_alloc)?;
+            self.ragged.ncached.ensure(&st, sh.b)?;
+            let held = vec![self.state.n_cached; sh.b];
+            self.upload_counts(&held)?;
+        }
+        Ok(())
+    }
+
+    /// Upload the rows' counts (stream order) and remember them.
+    fn upload_counts(&mut self, n_cached: &[usize]) -> Result<()> {
+        let st = self.state.stream.clone();
+        let v: Vec<i64> = n_cached.iter().map(|&n| n as i64).collect();
+        self.ragged.ncached.ensure(&st, v.len())?;
+        let dst = self
+            .ragged
+            .ncached
+            .slice_mut()
+            .ok_or_else(|| Error::invalid("n_cached", "the counts buffer is not allocated"))?;
+        st.memcpy_htod(&v, dst)
+            .map_err(drv("uploading the rows' n_cached"))?;
+        self.ragged.host_nc = Some(n_cached.to_vec());
+        self.ragged.active = true;
+        Ok(())
+    }
+
+    /// `err = [0, i32::MAX]` (no row refused).
+    fn reset_err(&mut self) -> Result<()> {
+        let st = self.state.stream.clone();
+        if let Some(dst) = self.ragged.err.slice_mut() {
+            st.memcpy_htod(&[0i32, i32::MAX], dst)
+                .map_err(drv("clearing the ragged refusals"))?;
+        }
+        Ok(())
+    }
+
+    fn read_i64(&self, b: &DevBuf<i64>, what: &'static str) -> Result<Vec<i64>> {
+        match b.slice() {
+            Some(s) => self.state.stream.clone_dtoh(s).map_err(drv(what)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn read_i32(&self, b: &DevBuf<i32>, what: &'static str) -> Result<Vec<i32>> {
+        match b.slice() {
+            Some(s) => self.state.stream.clone_dtoh(s).map_err(drv(what)),
+            None => Ok(vec![0, 0]),
+        }
+    }
+
+    /// Check the tensors, build the two launches over the lengths in `lens` and issue
+    /// them (or replay / update / capture the ragged graph).
+    fn ragged_launch(
+        &mut self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        lens: DeviceBuf,
+        mode: LaunchMode,
+    ) -> Result<RaggedInfo> {
+        let (cfg, sh) = (self.state.cfg, self.state.shape);
+        check_tensor(&cfg, "query", query)?;
+        check_tensor(&cfg, "key", key)?;
+        query.check_extent("query", [sh.b, sh.h, 1, sh.d])?;
+        key.check_extent("key", [sh.b, sh.h_kv, sh.s, sh.d])?;
+        self.check_placement(query, key)?;
+        let launches = self.ragged_launches(query, key, lens)?;
+        let info = RaggedInfo {
+            s_alloc: sh.s,
+            row_len: self.ragged.row_len,
+            launches: launches.len(),
+            captured: false,
+        };
+        let info = match mode {
+            LaunchMode::Launch => {
+                issue(&self.state.stream, &launches)?;
+                info
+            }
+            LaunchMode::Graph => {
+                let mut buffers = self.state.buffer_ptrs();
+                let r = &self.ragged;
+                buffers.extend([
+                    lens.addr(),
+                    r.seen.ptr(),
+                    r.ncached.ptr(),
+                    r.stat.ptr(),
+                    r.err.ptr(),
+                    r.lut.ptr(),
+                ]);
+                let gkey = GraphKey {
+                    s: sh.s,
+                    sizes: [r.row_len, r.quant_ctas, 0],
+                    query: *query,
+                    key: *key,
+                    buffers,
+                };
+                let stream = self.state.stream.clone();
+                let (info, captured) = self
+                    .ragged
+                    .graph
+                    .step(&stream, gkey, 0, || Ok((info, launches)))?;
+                RaggedInfo { captured, ..info }
+            }
+        };
+        self.ragged.last = Some(info);
+        Ok(info)
+    }
+
+    /// `pq_rgq` and `pq_rgsel` over the lengths in `lens` (`i64 [B]`).
+    fn ragged_launches(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        lens: DeviceBuf,
+    ) -> Result<Vec<Launch>> {
+        let rk = self
+            .kernels
+            .ragged
+            .as_ref()
+            .ok_or_else(|| Error::invalid("ragged step", "pq_rgq / pq_rgsel are not built"))?;
+        let (st, r) = (&self.state, &self.ragged);
+        let (cfg, sh) = (&st.cfg, &st.shape);
+        let (m, k) = (cfg.m(), cfg.k_centroids());
+        let i64_arg = |what: &str, v: usize| {
+            i64::try_from(v)
+                .map(KernelArg::I64)
+                .map_err(|_| Error::invalid(what, format!("{v} does not fit i64")))
+        };
+        let (sink_c, sink_r) = size_args(cfg.sink_size);
+        let (win_c, win_r) = size_args(cfg.window_size);
+        let (hv_c, hv_r) = size_args(cfg.heavy_size);
+        let named = [
+            ("q_ptr", KernelArg::Buf(query.buf())),
+            ("k_ptr", KernelArg::Buf(key.buf())),
+            ("cent_ptr", KernelArg::Buf(st.centroids_buf)),
+            ("phi_ptr", KernelArg::Buf(st.phi_buf)),
+            ("codes_ptr", KernelArg::Buf(st.codes.buf())),
+            ("lut_ptr", KernelArg::Buf(r.lut.buf())),
+            (
+                "lens_ptr",
+                KernelArg::Buf(lens.as_dtype(crate::artifact::Dtype::I64)),
+            ),
+            ("seen_ptr", KernelArg::Buf(r.seen.buf())),
+            ("nc_ptr", KernelArg::Buf(r.ncached.buf())),
+            ("stat_ptr", KernelArg::Buf(r.stat.buf())),
+            ("err_ptr", KernelArg::Buf(r.err.buf())),
+            ("sl_ptr", KernelArg::Buf(st.sparse_list.buf())),
+            ("len_ptr", KernelArg::Buf(st.sparse_len.buf())),
+            (
+                "w_ptr",
+                KernelArg::Buf(st.weight.buf().as_dtype(cfg.weight_dtype.triton())),
+            ),
+            ("q_sb", KernelArg::I64(query.strides()[0])),
+            ("q_sh", KernelArg::I64(query.strides()[1])),
+            ("k_sb", KernelArg::I64(key.strides()[0])),
+            ("k_sh", KernelArg::I64(key.strides()[1])),
+            ("k_ss", KernelArg::I64(key.strides()[2])),
+            ("H", i32_arg("H", sh.h)?),
+            ("G", i32_arg("G", sh.group())?),
+            ("H_kv", i32_arg("H_kv", sh.h_kv)?),
+            ("M", i32_arg("M", m)?),
+            ("K", i32_arg("K", k)?),
+            ("d_s", i32_arg("d_s", cfg.d_sub(sh.d))?),
+            ("cap", i32_arg("cap", st.cap)?),
+            ("S_alloc", i64_arg("S_alloc", sh.s)?),
+            ("T", i64_arg("T", r.row_len)?),
+            ("init_offset", i64_arg("init_offset", cfg.init_offset)?),
+            (
+                "metric_ip",
+                KernelArg::I32(i32::from(cfg.metric == Metric::Ip)),
+            ),
+            ("sink_c", KernelArg::I64(sink_c)),
+            ("sink_r", KernelArg::F64(sink_r)),
+            ("win_c", KernelArg::I64(win_c)),
+            ("win_r", KernelArg::F64(win_r)),
+            ("hv_c", KernelArg::I64(hv_c)),
+            ("hv_r", KernelArg::F64(hv_r)),
+            ("NCH", i32_arg("NCH", r.quant_ctas)?),
+        ];
+        let qrows = sh.b * sh.h_kv * m;
+        let rows = sh.b * sh.h;
+        let (qrows, rows) = match (u32::try_from(qrows), u32::try_from(rows)) {
+            (Ok(q), Ok(r)) if q < i32::MAX as u32 && r < i32::MAX as u32 => (q, r),
+            _ => {
+                return Err(Error::invalid(
+                    "ragged grid",
+                    format!("B*H_kv*M = {qrows} or B*H = {rows} beyond the grid"),
+                ))
+            }
+        };
+        // Bounds: ensure_ragged sized lens_in/seen/ncached (i64) and stat (i32) for B
+        // rows, err for 2, the lookup table for B*H x M x K, sparse_list for B*H x T (the
+        // kernel masks every list store to ranks < T), weight for B*H x S_alloc elements
+        // (stores masked to p < S_alloc), and grew the codes to cap >= S_alloc -
+        // init_offset keys (a row writes codes n_cached[b] <= t < S_b - init_offset and
+        // reads j < w0 <= that, only when 1 <= S_b <= S_alloc: rows outside are refused
+        // before any address is formed from S_b); the caller vouched (check_extent in
+        // ragged_launch) for query [B, H, 1, D] and key [B, H_kv, S_alloc, D], the caller's
+        // lengths buffer holds >= B i64 (step_ragged_device). pq_rgq: grid (B*H_kv*M, NCH),
+        // each (b, g, m) row its own codes; pq_rgsel: grid (B*H,), each CTA its own output
+        // row; the first head of each batch row writes ncached[b], which no CTA of that
+        // launch reads (pq_rgq read it, in the launch before).
+        let order = &self.arg_order;
+        Ok(vec![
+            Launch {
+                kernel: rk.rgq.clone(),
+                grid: [qrows, r.quant_ctas as u32, 1],
+                args: order.args(&rk.rgq, &named, true)?,
+            },
+            Launch {
+                kernel: rk.rgsel.clone(),
+                grid: [rows, 1, 1],
+                args: order.args(&rk.rgsel, &named, true)?,
+            },
+        ])
+    }
+}
+
+/// `weight_list` bytes of `dtype` as f32 values.
+pub(crate) fn weights_f32(dtype: DType, raw: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DType::BF16 => raw
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        DType::F16 => raw
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+    }
+}

@@ -1,0 +1,354 @@
+//! Ragged batches on the GPU (spec "Ragged batches"; `kernels_triton/pq_ragged.py`):
+//! `GpuIndexer::step_ragged` / `step_ragged_device` against the CPU reference by the
+//! ragged checker, outputs poisoned first. Equal lengths give the fixed-`S` step's outputs
+//! bit for bit (well-separated inputs); lengths 1, `K`, the short threshold and `S_alloc`
+//! beside long rows; per-row `N_cached` and multi-token rows; ratio sizes and 16-bit
+//! weights; a decode loop replayed from one captured graph whose lengths change in a
+//! device buffer; refusals naming the row. Skips with a visible message without a GPU.
+
+mod common;
+
+use std::sync::Arc;
+
+use tritonrt::pq::check::{CheckMode, CheckOptions};
+use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedOutput};
+use tritonrt::pq::{DType, PqConfig, PqInputs, Shape, Size};
+use tritonrt::runtime::Runtime;
+
+fn runtime() -> Option<Arc<Runtime>> {
+    common::gpu_runtime("ragged GPU tests")
+}
+
+fn seed() -> u64 {
+    common::test_seed()
+}
+
+fn cfg() -> PqConfig {
+    PqConfig {
+        sink_size: Size::Count(16),
+        window_size: Size::Count(32),
+        heavy_size: Size::Count(64),
+        init_offset: 16,
+        pq_bits: 4,
+        ..PqConfig::reference_workload()
+    }
+}
+
+fn shape(b: usize, s: usize) -> Shape {
+    Shape {
+        b,
+        h: 8,
+        h_kv: 2,
+        s,
+        d: 64,
+    }
+}
+
+/// An indexer holding `x`'s codebook and codes, each row at its own count, outputs
+/// poisoned, and the inputs on the device (keys from the fewest codes any row holds).
+fn setup(rt: &Arc<Runtime>, c: &PqConfig, x: &RaggedInputs) -> (GpuIndexer, DeviceInputs) {
+    let i = &x.inputs;
+    let stream = rt.device().new_stream().expect("stream");
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        *c,
+        i.shape,
+        &i.centroids,
+        i.phi.as_deref(),
+        None,
+    )
+    .expect("indexer");
+    ix.import_codes(&i.codes, i.n_cached).expect("import");
+    ix.set_row_n_cached(&x.n_cached).expect("row counts");
+    ix.poison_outputs().expect("poison");
+    let first = c.init_offset + x.n_cached.iter().copied().min().unwrap_or(0);
+    let dev = DeviceInputs::upload_from(&stream, i, c, first).expect("upload");
+    (ix, dev)
+}
+
+fn ragged(c: &PqConfig, x: PqInputs, lens: &[usize], ncs: &[usize]) -> RaggedInputs {
+    let l: Vec<i64> = lens.iter().map(|&v| v as i64).collect();
+    let n: Vec<i64> = ncs.iter().map(|&v| v as i64).collect();
+    RaggedInputs::new(c, x, &l, Some(&n)).expect("ragged inputs")
+}
+
+fn assert_checked(c: &PqConfig, x: &RaggedInputs, out: &RaggedOutput, exact: bool, what: &str) {
+    let opts = CheckOptions {
+        mode: if exact {
+            CheckMode::Exact
+        } else {
+            CheckMode::Spec
+        },
+        ..CheckOptions::default()
+    };
+    let report = check_ragged(c, x, out, &opts);
+    assert!(report.passed(), "{what}: {report}");
+}
+
+/// Equal lengths are the fixed-`S` step: same sparse_list, sparse_len, weight_list and
+/// codes, bit for bit, on well-separated inputs (configs taking the fixed step's
+/// histogram, indexed and chunked paths), and the ragged checker passes.
+#[test]
+fn equal_lengths_match_the_fixed_step_bit_for_bit() {
+    let Some(rt) = runtime() else { return };
+    let base = cfg();
+    let cases = [
+        ("m2_bits4", base, shape(2, 3000)),
+        (
+            "m1_bits8",
+            PqConfig {
+                pq_group_factor: 1,
+                pq_bits: 8,
+                ..base
+            },
+            shape(2, 2500),
+        ),
+        (
+            "m4_bits6_bf16",
+            PqConfig {
+                pq_group_factor: 4,
+                pq_bits: 6,
+                input_dtype: DType::BF16,
+                weight_dtype: DType::BF16,
+                ..base
+            },
+            shape(1, 4000),
+        ),
+    ];
+    for (name, c, sh) in cases {
+        let n = PqInputs::default_n_cached(&c, sh.s) - 2; // three new keys
+        let x = PqInputs::small_integer(&c, sh, n, seed()).expect("inputs");
+        // the fixed step
+        let stream = rt.device().new_stream().expect("stream");
+        let mut fx = GpuIndexer::new(rt.clone(), stream.clone(), c, sh, &x.centroids, None, None)
+            .expect("indexer");
+        fx.import_codes(&x.codes, n).expect("import");
+        let fdev = DeviceInputs::upload(&stream, &x, &c).expect("upload");
+        fx.step(fdev.query(), fdev.key(), sh.s, LaunchMode::Launch)
+            .expect("fixed step");
+        let fixed = fx.download().expect("download");
+        // the ragged step at S_b = S for every row
+        let rx = ragged(&c, x, &vec![sh.s; sh.b], &vec![n; sh.b]);
+        let (mut ix, dev) = setup(&rt, &c, &rx);
+        let info = ix
+            .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Launch)
+            .expect("ragged step");
+        assert_eq!(info.launches, 2, "{name}");
+        let out = ix.download_ragged().expect("download_ragged");
+        assert_checked(&c, &rx, &out, true, name);
+        assert_eq!(out.total, fixed.total, "{name}: total");
+        assert_eq!(out.sparse_list, fixed.sparse_list, "{name}: sparse_list");
+        assert_eq!(out.sparse_len, fixed.sparse_len, "{name}: sparse_len");
+        assert_eq!(out.weight_list, fixed.weight_list, "{name}: weight_list");
+        assert_eq!(out.n_max, fixed.n_cached, "{name}: codes held");
+        assert_eq!(out.codes, fixed.codes, "{name}: codes");
+    }
+}
+
+/// Lengths 1, `K`, the short threshold and one past it, a long middle row and `S_alloc`,
+/// each with its own count (one new key, several, none), on normal inputs (spec rule)
+/// and small integers (exact), as plain launches and as a graph.
+#[test]
+fn short_and_long_rows_at_their_own_lengths() {
+    let Some(rt) = runtime() else { return };
+    let c = cfg();
+    let s_alloc = 2600;
+    let thr = c.short_threshold(0);
+    let k = c.k_centroids();
+    let lens = [1, k, thr, thr + 1, 1500, s_alloc];
+    let ncs: Vec<usize> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let n = c.n_quantized(s);
+            match i {
+                0 | 1 => 0,
+                2 => n / 2,
+                3 => n - 1,
+                4 => n - 9, // nine new keys
+                _ => n - 1,
+            }
+        })
+        .collect();
+    let n_max = *ncs.iter().max().unwrap();
+    for exact in [false, true] {
+        for mode in [LaunchMode::Launch, LaunchMode::Graph] {
+            let sh = shape(lens.len(), s_alloc);
+            let x = if exact {
+                PqInputs::small_integer(&c, sh, n_max, seed())
+            } else {
+                PqInputs::random(&c, sh, n_max, seed())
+            }
+            .expect("inputs");
+            let rx = ragged(&c, x, &lens, &ncs);
+            let (mut ix, dev) = setup(&rt, &c, &rx);
+            ix.step_ragged(dev.query(), dev.key(), &rx.seq_lens, mode)
+                .expect("ragged step");
+            let out = ix.download_ragged().expect("download");
+            assert_checked(&c, &rx, &out, exact, &format!("exact {exact} {mode:?}"));
+            assert_eq!(out.n_cached[0], 0, "a short row quantizes nothing");
+            assert_eq!(out.n_cached[5], c.n_quantized(s_alloc));
+        }
+    }
+}
+
+/// Sizes given as ratios (resolved at each row's `S_b` on the device as the host's
+/// `Size::resolve`), init_offset below sink (duplicates in the list), few candidates (the
+/// fill rule), metric ip with GQA and 16-bit weights.
+#[test]
+fn ratio_sizes_ip_and_16_bit_weights() {
+    let Some(rt) = runtime() else { return };
+    let cases = [
+        (
+            "ratios",
+            PqConfig {
+                sink_size: Size::Ratio(0.01),
+                window_size: Size::Ratio(0.02),
+                heavy_size: Size::Ratio(0.1),
+                ..cfg()
+            },
+            vec![4000, 3333, 1234, 40],
+        ),
+        (
+            "io_lt_sink_fill",
+            PqConfig {
+                sink_size: Size::Count(80),
+                window_size: Size::Count(300),
+                heavy_size: Size::Count(100),
+                init_offset: 8,
+                ..cfg()
+            },
+            vec![4000, 400, 3000],
+        ),
+        (
+            "ip_fp16_weights",
+            PqConfig {
+                metric: tritonrt::pq::Metric::Ip,
+                input_dtype: DType::F16,
+                weight_dtype: DType::F16,
+                ..cfg()
+            },
+            vec![4000, 2500],
+        ),
+    ];
+    for (name, c, lens) in cases {
+        let s_alloc = *lens.iter().max().unwrap();
+        let ncs: Vec<usize> = lens
+            .iter()
+            .map(|&s| c.n_quantized(s).saturating_sub(2))
+            .collect();
+        let n_max = *ncs.iter().max().unwrap();
+        let x = PqInputs::random(&c, shape(lens.len(), s_alloc), n_max, seed()).expect("inputs");
+        let rx = ragged(&c, x, &lens, &ncs);
+        let (mut ix, dev) = setup(&rt, &c, &rx);
+        ix.step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Graph)
+            .expect(name);
+        let out = ix.download_ragged().expect("download");
+        assert_checked(&c, &rx, &out, false, name);
+    }
+}
+
+/// A decode loop from one captured graph: the lengths live in a device buffer the test
+/// rewrites between replays (every row +1 a step, some +4), every step checked against the
+/// CPU reference on the codes the previous step left, the graph captured once; then a
+/// row longer than `S_alloc` in the buffer is refused on the device and reported naming
+/// the row.
+#[test]
+fn graph_replay_with_lengths_in_a_device_buffer() {
+    let Some(rt) = runtime() else { return };
+    let c = cfg();
+    let starts = [1500usize, 60, 2200, 900];
+    let steps = 6;
+    let s_alloc = starts.iter().max().unwrap() + 4 * steps + 8;
+    let sh = shape(starts.len(), s_alloc);
+    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
+    let n_max = *ncs.iter().max().unwrap();
+    let x0 = PqInputs::random(&c, sh, n_max, seed()).expect("inputs");
+    let rx0 = ragged(&c, x0.clone(), &starts, &ncs);
+    let (mut ix, dev) = setup(&rt, &c, &rx0);
+    let stream = ix.stream().clone();
+    let mut dlens = stream.alloc_zeros::<i64>(sh.b).expect("lens buffer");
+    let mut lens = starts.to_vec();
+    let mut prev_codes = (x0.codes.clone(), n_max);
+    let mut prev_nc = ncs.clone();
+    let mut captures = 0;
+    for i in 0..steps {
+        if i > 0 {
+            for (r, l) in lens.iter_mut().enumerate() {
+                *l += if (i + r) % 3 == 0 { 4 } else { 1 };
+            }
+        }
+        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
+        ix.poison_outputs().expect("poison");
+        let info = ix
+            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+            .expect("step");
+        captures += usize::from(info.captured);
+        let out = ix.download_ragged().expect("download");
+        let x = PqInputs {
+            codes: prev_codes.0.clone(),
+            n_cached: prev_codes.1,
+            ..x0.clone()
+        };
+        let rx = ragged(&c, x, &lens, &prev_nc);
+        assert_checked(&c, &rx, &out, false, &format!("step {i} lens {lens:?}"));
+        prev_codes = (out.codes.clone(), out.n_max);
+        prev_nc = out.n_cached.clone();
+    }
+    assert_eq!(captures, 1, "one graph for every length");
+    // a bad row in the buffer: refused on the device, reported by row and values
+    let mut bad: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+    bad[2] = s_alloc as i64 + 5;
+    stream.memcpy_htod(&bad, &mut dlens).expect("lengths");
+    ix.step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+        .expect("step");
+    let e = ix.check_ragged_errors().unwrap_err().to_string();
+    assert!(
+        e.contains("row 2") && e.contains(&(s_alloc + 5).to_string()),
+        "{e}"
+    );
+    assert!(ix.check_ragged_errors().is_ok(), "the record is cleared");
+    // the other rows' counts did not move backwards; row 2's stayed
+    assert_eq!(ix.row_n_cached().unwrap(), prev_nc);
+}
+
+/// Host-side refusals name the row and the values, and nothing is issued; a fixed-`S`
+/// step on an indexer in ragged use is refused until codes are imported again.
+#[test]
+fn bad_lengths_and_counts_are_refused() {
+    let Some(rt) = runtime() else { return };
+    let c = cfg();
+    let sh = shape(2, 1000);
+    let n = c.n_quantized(999);
+    let x = PqInputs::random(&c, sh, n, seed()).expect("inputs");
+    let rx = ragged(&c, x.clone(), &[1000, 1000], &[n, n]);
+    let (mut ix, dev) = setup(&rt, &c, &rx);
+    let e = ix
+        .step_ragged(dev.query(), dev.key(), &[1000, 1001], LaunchMode::Launch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row 1") && e.contains("1001"), "{e}");
+    let e = ix
+        .step_ragged(dev.query(), dev.key(), &[1000, 500], LaunchMode::Launch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("row 1") && e.contains(&n.to_string()), "{e}");
+    let e = ix
+        .step_ragged(dev.query(), dev.key(), &[1000], LaunchMode::Launch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("B = 2"), "{e}");
+    let e = ix.set_row_n_cached(&[n, n + 1]).unwrap_err().to_string();
+    assert!(e.contains("row 1"), "{e}");
+    let e = ix
+        .step(dev.query(), dev.key(), 1000, LaunchMode::Launch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ragged"), "{e}");
+    ix.import_codes(&x.codes, n).expect("import");
+    ix.step(dev.query(), dev.key(), 1000, LaunchMode::Launch)
+        .expect("a fixed step after an import");
+}
