@@ -481,6 +481,8 @@ pub fn decode_loop(
         None,
     )?;
     fx.import_codes(&udata.codes, udata.n)?;
+    // each timed step appends one key, starting from one before S = su
+    fx.rewind(un0[0]);
     fx.prepare(ulast)?;
     let fixed = {
         let cell = std::cell::RefCell::new(&mut fx);
@@ -514,6 +516,7 @@ pub fn decode_loop(
         None,
     )?;
     rx.import_codes(&udata.codes, udata.n)?;
+    rx.set_row_n_cached(&un0)?;
     let mut dl2 = stream.alloc_zeros::<i64>(b)?;
     let uniform_ragged = {
         let st = stream.clone();
