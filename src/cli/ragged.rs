@@ -481,9 +481,10 @@ pub fn decode_loop(
         None,
     )?;
     fx.import_codes(&udata.codes, udata.n)?;
+    fx.prepare(ulast)?;
     // each timed step appends one key, starting from one before S = su
     fx.rewind(un0[0]);
-    fx.prepare(ulast)?;
+    let path = fx.plan(su)?.kind;
     let fixed = {
         let cell = std::cell::RefCell::new(&mut fx);
         time_loop(
@@ -500,7 +501,6 @@ pub fn decode_loop(
             },
         )?
     };
-    let path = fx.plan(su)?.kind;
     drop(fx);
     say!(
         "uniform, fixed-S step (S = {su}, {path:?}): {}",
