@@ -1096,3 +1096,102 @@ fn gpu_many_combinations_take_the_radix_select() {
     );
     assert!(failures.is_empty(), "failed: {failures:?}");
 }
+
+/// Every code width and subvector count the indexer takes (bits 1..8, M in {1, 2, 3, 4, 8}
+/// at D = 96), query/keys and weights in mixed dtypes, and heavy at `n - 1` and `n` (every
+/// candidate and then some, the fill rule): each run passes the spec's rule against the
+/// f64 reference (exactly on well-separated inputs), its graph replay bit-identical; where
+/// no kernel serves a config (heavy above 512 beside `K^M > 4096` with a heavy pick
+/// outside sink..window) the step is refused with an error naming `heavy_size`.
+#[test]
+fn gpu_every_bits_m_and_dtype_mix() {
+    let Some(rt) = runtime() else { return };
+    let seed = seed();
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    let mut refused = 0;
+    let shape = sh(1, 4, 2, 2600, 96);
+    let dts = [DType::F32, DType::BF16, DType::F16];
+    let mut cases = Vec::new();
+    for bits in 1..=8u32 {
+        for (i, m) in [1usize, 2, 3, 4, 8].into_iter().enumerate() {
+            // a dtype pair per case, cycling through all nine
+            let j = (bits as usize * 5 + i) % 9;
+            cases.push((m, bits, dts[j / 3], dts[j % 3], 300usize));
+        }
+    }
+    let n = shape.s - 128;
+    for (m, bits) in [(2usize, 6u32), (1, 8), (4, 3), (2, 8)] {
+        for heavy in [n - 1, n] {
+            cases.push((m, bits, DType::BF16, DType::F32, heavy));
+        }
+    }
+    for (ci, (m, bits, qt, wt, heavy)) in cases.into_iter().enumerate() {
+        let cfg = PqConfig {
+            heavy_size: Size::Count(heavy),
+            pq_group_factor: m,
+            pq_bits: bits,
+            input_dtype: qt,
+            weight_dtype: wt,
+            ..base()
+        };
+        let exact = ci % 2 == 1;
+        let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
+        let s = seed.wrapping_add(ci as u64 * 131);
+        let x = if exact {
+            PqInputs::small_integer(&cfg, shape, n_cached, s)
+        } else {
+            PqInputs::random(&cfg, shape, n_cached, s)
+        }
+        .expect("inputs");
+        let what = format!(
+            "M={m} bits={bits} q={} w={} heavy {heavy} {}",
+            qt.as_str(),
+            wt.as_str(),
+            if exact { "exact" } else { "random" }
+        );
+        let ex =
+            match execute_with_path(&rt, &cfg, &x, None, SelectPath::Auto, None, None, 0, false) {
+                Ok(ex) => ex,
+                Err(e) => {
+                    let msg = e.to_string();
+                    let combos = (1usize << bits).checked_pow(m as u32).unwrap_or(usize::MAX);
+                    if heavy > 512 && (combos > 4096 || m > 4) && msg.contains("heavy_size") {
+                        eprintln!("ok   {what}: refused as expected ({msg})");
+                        refused += 1;
+                    } else {
+                        eprintln!("FAIL {what}: {msg}");
+                        failures.push(what);
+                    }
+                    continue;
+                }
+            };
+        runs += 1;
+        let report = if exact {
+            check_exact(&cfg, &x, &ex.output)
+        } else {
+            check(&cfg, &x, &ex.output)
+        };
+        let ok = report.passed() && ex.graph_matches;
+        eprintln!(
+            "{} {what} ran {}: graph {} [{report}]",
+            if ok { "ok  " } else { "FAIL" },
+            ran_kind(&ex),
+            if ex.graph_matches {
+                "identical"
+            } else {
+                "DIFFERS"
+            },
+        );
+        if !ok {
+            failures.push(what);
+        }
+    }
+    eprintln!(
+        "{} passed, {} refused as expected, {} failed (bits 1..8, M 1..8, dtype mix, heavy n - 1 and n)",
+        runs - failures.len().min(runs),
+        refused,
+        failures.len()
+    );
+    assert!(failures.is_empty(), "failed: {failures:?}");
+}
