@@ -24,18 +24,10 @@ use tritonrt::Error;
 
 const KERNEL: &str = "pq_score_kernel_v6";
 
+mod common;
+
 fn seed() -> u64 {
-    let s = std::env::var("TRITONRT_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0x5eed)
-        });
-    eprintln!("seed {s} (set TRITONRT_TEST_SEED={s} to reproduce)");
-    s
+    common::test_seed()
 }
 
 fn h100() -> DeviceKey {
