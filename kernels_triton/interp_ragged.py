@@ -275,6 +275,9 @@ CASES = [
     # init_offset < sink (duplicates in the list), few candidates (the fill rule)
     ("io_lt_sink_fill", (3, 2, 2, 32, 2, 4), 500, [500, 120, 90], [1, 2, 1],
      dict(sink=40, window=60, heavy=30, init_offset=8), False, False, 2, 128),
+    # a window over the whole row: no candidates (w0 = 0), every heavy pick by the fill rule
+    ("window_all", (2, 2, 2, 16, 2, 4), 300, [300, 200], [1, 1],
+     dict(sink=4, window=1.0, heavy=20, init_offset=4), False, False, 1, 128),
     # sizes as ratios of each row's S_b
     ("ratios", (3, 4, 2, 32, 2, 4), 1200, [1200, 640, 21], [1, 2, 0],
      dict(sink=0.01, window=0.02, heavy=0.1, init_offset=8), False, False, 2, 256),

@@ -263,8 +263,8 @@ def pq_rground_kernel(
     ok, long, S, n, w0, k, s_sink, s_win, total = _rg_row(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c,
                                                           sink_r, win_c, win_r, hv_c, hv_r)
     rs = rst_ptr + r64 * RS_LEN
-    LP = tl.cdiv(w0, TILE)  # this row's parts (CTAs past them exit at once)
-    if long & (c < LP):
+    LP = tl.cdiv(w0, TILE)  # this row's parts (CTAs past them exit at once; CTA 0 of a
+    if long & ((c < LP) | (c == 0)):  # row without candidates resolves it)
         if ROUND == 0:
             need = tl.minimum(k, w0)
             prefix = need * 0
@@ -275,7 +275,7 @@ def pq_rground_kernel(
             need = tl.load(rs + RS_NEED)
             prefix = tl.load(rs + RS_PREFIX)
             live = tl.load(rs + RS_DONE) == 0
-        if live:
+        if live & (c < LP):
             shift = 24 - 8 * ROUND
             j = c * TILE + tl.arange(0, TILE)
             cand = j < w0
