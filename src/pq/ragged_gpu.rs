@@ -653,20 +653,28 @@ impl GpuIndexer {
         let rows = sh.b * sh.h;
         // parts of a row: round CTAs over the candidates j < w0 <= S_alloc - init_offset,
         // emit CTAs over the positions p < S_alloc (a CTA past its row's parts exits)
-        let parts = sh.s.saturating_sub(cfg.init_offset).div_ceil(rk.round_tile).max(1);
+        let parts =
+            sh.s.saturating_sub(cfg.init_offset)
+                .div_ceil(rk.round_tile)
+                .max(1);
         let np = sh.s.div_ceil(rk.emit_tile).max(1);
         let lut_blocks = k.div_ceil(rk.lut_block);
         let grid = |what: &str, v: usize, max: usize| {
             u32::try_from(v)
                 .ok()
                 .filter(|&x| (x as usize) <= max)
-                .ok_or_else(|| Error::invalid("ragged grid", format!("{what} = {v} beyond the grid")))
+                .ok_or_else(|| {
+                    Error::invalid("ragged grid", format!("{what} = {v} beyond the grid"))
+                })
         };
         let (qrows, rows) = (
             grid("B*H_kv*M", qrows, i32::MAX as usize)?,
             grid("B*H", rows, i32::MAX as usize)?,
         );
-        let (parts, np) = (grid("round parts", parts, 65535)?, grid("emit parts", np, 65535)?);
+        let (parts, np) = (
+            grid("round parts", parts, 65535)?,
+            grid("emit parts", np, 65535)?,
+        );
         let (m32, lut_blocks) = (grid("M", m, 65535)?, grid("K blocks", lut_blocks, 65535)?);
         let mut named = named.to_vec();
         named.push(("NP", KernelArg::I32(np as i32)));
