@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""CPU check of the ragged step (``pq_ragged.py``: ``pq_rgq_kernel`` then
-``pq_rgsel_kernel``) under Triton's interpreter (no GPU, no torch).
+"""CPU check of the ragged step (``pq_ragged.py``: ``pq_rgq_kernel``, ``pq_rglut_kernel``,
+four ``pq_rground_kernel`` rounds, ``pq_rgcnt_kernel``, ``pq_rgemit_kernel``) under Triton's
+interpreter (no GPU, no torch).
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_ragged.py [--case NAME] [--seed N]
 
@@ -15,8 +16,10 @@ integers; ties and NaN taken lowest ``j`` first), plus the padding (``-1`` past
 device ``n_cached``. Outputs are poisoned before each launch. Each case runs a step, a
 decode step with every row one key longer (several for some), a replay of that step
 (nothing new to quantize), the same with the grid reversed, and a step with a bad row
-(refused on the device: its row lists nothing, ``err`` counts it). Exit status 1 on the
-first mismatch.
+(refused on the device: its row lists nothing, ``err`` counts it). The selection kernels
+run with small tiles (each case's ``TILE`` / 2 keys a round CTA, / 4 positions an emit
+CTA), so long rows span many parts; the rounds must leave their histograms and tickets
+zero and every long row resolved after four rounds. Exit status 1 on the first mismatch.
 """
 
 import argparse
@@ -33,7 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from interp_check import Arr, _rank, head_lut64, nearest, reversed_grid  # noqa: E402
-from pq_ragged import RGQ_FIXED, RGSEL_FIXED, pq_rgq_kernel, pq_rgsel_kernel  # noqa: E402
+from pq_ragged import (RGLUT_FIXED, RGQ_FIXED, pq_rgcnt_kernel, pq_rgemit_kernel, pq_rglut_kernel,  # noqa: E402
+                       pq_rground_kernel, pq_rgq_kernel)
 
 I32_MAX = 2**31 - 1
 
@@ -91,9 +95,11 @@ def make_state(rng, B, H, H_kv, D, M, bits, s_alloc, small, ip):
 
 
 def run(st, lens, nc, cfg, nch, tile, reverse=False):
-    """pq_rgq then pq_rgsel; returns the outputs, stat and err, and updates ``nc`` (an Arr)."""
+    """pq_rgq, pq_rglut, 4 x pq_rground (TILE ``tile // 2``), pq_rgcnt and pq_rgemit (TILE
+    ``tile // 4``); returns the outputs, stat and err, and updates ``nc`` (an Arr)."""
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     K = 1 << bits
+    G = H // H_kv
     rows = B * H
     sa = st["s_alloc"]
     T = row_len(cfg, K, sa)
@@ -107,22 +113,47 @@ def run(st, lens, nc, cfg, nch, tile, reverse=False):
     sink_c, sink_r = size_args(cfg["sink"])
     win_c, win_r = size_args(cfg["window"])
     hv_c, hv_r = size_args(cfg["heavy"])
+    sizes_a = (sink_c, sink_r, win_c, win_r, hv_c, hv_r)
     io = cfg["init_offset"]
-    q, key, cent = st["q"], st["key"], st["cent"]
+    rtile, etile = tile // 2, tile // 4
+    P = max(1, -(-(sa - io) // rtile))
+    NP = -(-sa // etile)
+    # scratch, poisoned: pq_rglut zeroes the histograms and tickets, round 0 starts every row
+    rst = Arr(np.full((rows, 8), -99, np.int64))
+    rhist = Arr(np.full((rows, 256), 77, np.int32))
+    rtick = Arr(np.full(rows, 55, np.int32))
+    pcnt = Arr(np.full((rows, 2, NP), -9, np.int32))
+    q, key, cent, codes, lut = st["q"], st["key"], st["cent"], st["codes"], st["lut"]
     ctx = reversed_grid if reverse else contextlib.nullcontext
     with ctx():
         pq_rgq_kernel[(B * H_kv * M, nch)](
-            key, cent, st["phi"], st["codes"], lens_a, seen, nc, stat, err,
+            key, cent, st["phi"], codes, lens_a, seen, nc, stat, err,
             H_kv * sa * D, sa * D, D,
             H_kv, M, K, D // M, st["cap"], sa, io, st["metric_ip"], hv_c, hv_r, nch, **RGQ_FIXED, num_warps=4)
         assert np.all((stat.a == 0) | (stat.a == 1)), f"pq_rgq left stat unwritten: {stat.a}"
         assert np.array_equal(seen.a, lens_a.a), f"pq_rgq: seen {seen.a} != lengths {lens_a.a}"
-        pq_rgsel_kernel[(rows, )](
-            q, cent, st["codes"], st["lut"], lens_a, nc, stat, sl, ln, w,
-            H * D, D,
-            H, H // H_kv, M, K, D // M, st["cap"], sa, T, io, st["metric_ip"],
-            sink_c, sink_r, win_c, win_r, hv_c, hv_r, TILE=tile, BLOCK_C=RGSEL_FIXED["BLOCK_C"],
-            BLOCK_DS=RGSEL_FIXED["BLOCK_DS"], num_warps=4)
+        pq_rglut_kernel[(rows, M, -(-K // RGLUT_FIXED["BLOCK_C"]))](
+            q, cent, lut, lens_a, stat, rhist, rtick, H * D, D,
+            H, G, M, K, D // M, sa, io, st["metric_ip"], hv_c, hv_r, **RGLUT_FIXED, num_warps=4)
+        assert not rhist.a.any() and not rtick.a.any(), "pq_rglut left a histogram or ticket non-zero"
+        for rd in range(4):
+            pq_rground_kernel[(rows, P)](
+                codes, lut, lens_a, stat, rst, rhist, rtick, H, G, M, K, st["cap"], sa, io, *sizes_a, rd,
+                TILE=rtile, num_warps=4)
+            assert not rhist.a.any(), f"round {rd} left a histogram non-zero"
+            assert not rtick.a.any(), f"round {rd} left a ticket non-zero"
+        for b in range(B):
+            S = lens[b]
+            ok = stat.a[b] == 1
+            if ok and not sizes(cfg, K, S)[0]:
+                done = rst.a[b * H:(b + 1) * H, 2]
+                assert np.all(done == 1), f"row {b} (S_b={S}) not resolved after 4 rounds: {done}"
+        pq_rgcnt_kernel[(rows, NP)](
+            codes, lut, lens_a, stat, rst, pcnt, H, G, M, K, st["cap"], sa, io, *sizes_a, NP, TILE=etile,
+            num_warps=4)
+        pq_rgemit_kernel[(rows, NP)](
+            codes, lut, lens_a, stat, rst, pcnt, nc, sl, ln, w, H, G, M, K, st["cap"], sa, T, io, *sizes_a, NP,
+            TILE=etile, num_warps=4)
     return sl.a, ln.a, w.a, stat.a, err.a
 
 
@@ -244,6 +275,9 @@ CASES = [
     # init_offset < sink (duplicates in the list), few candidates (the fill rule)
     ("io_lt_sink_fill", (3, 2, 2, 32, 2, 4), 500, [500, 120, 90], [1, 2, 1],
      dict(sink=40, window=60, heavy=30, init_offset=8), False, False, 2, 128),
+    # a window over the whole row: no candidates (w0 = 0), every heavy pick by the fill rule
+    ("window_all", (2, 2, 2, 16, 2, 4), 300, [300, 200], [1, 1],
+     dict(sink=4, window=1.0, heavy=20, init_offset=4), False, False, 1, 128),
     # sizes as ratios of each row's S_b
     ("ratios", (3, 4, 2, 32, 2, 4), 1200, [1200, 640, 21], [1, 2, 0],
      dict(sink=0.01, window=0.02, heavy=0.1, init_offset=8), False, False, 2, 256),

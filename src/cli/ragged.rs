@@ -162,7 +162,7 @@ fn run_ragged_gpu(
         .download_ragged()
         .context("downloading the ragged step")?;
     say!(
-        "gpu:     {} ({}), kernels pq_rgq + pq_rgsel ({} launches), sparse_list rows of T = {} on the device",
+        "gpu:     {} ({}), kernels pq_rgq, pq_rglut, pq_rground x4, pq_rgcnt, pq_rgemit ({} launches), sparse_list rows of T = {} on the device",
         rt.device().name(),
         rt.device().arch(),
         info.launches,

@@ -98,8 +98,8 @@ pub struct RunArgs {
     /// A ragged batch (spec "Ragged batches"): each sequence's length S_b, comma-separated
     /// (B = their count; S_alloc = --seq-len, default the largest). Each row holds codes
     /// for S_b - 1 - init_offset keys (one new key; the short path's rows quantize
-    /// nothing). Runs pq_rgq + pq_rgsel on the GPU (or the CPU reference) and checks every
-    /// row at its own length with the ragged checker. An --input file with a `seq_lens`
+    /// nothing). Runs the ragged kernels (pq_ragged.py) on the GPU (or the CPU reference)
+    /// and checks every row at its own length with the ragged checker. An --input file with a `seq_lens`
     /// tensor (and optionally `n_cached`) runs the same way.
     #[arg(long, value_delimiter = ',', value_name = "S_b,...", help_heading = "Inputs",
           conflicts_with_all = ["input", "batch", "n_cached", "prefill"])]

@@ -168,8 +168,22 @@ impl QuantKernel {
 pub(crate) struct RaggedKernels {
     /// `pq_rgq.k_<qt>`: each row's new keys' codes, grid `(B*H_kv*M, NCH)`.
     pub rgq: Arc<Kernel>,
-    /// `pq_rgsel.q_<qt>.w_<wt>`: one CTA per output row, grid `(B*H,)`.
-    pub rgsel: Arc<Kernel>,
+    /// `pq_rglut.q_<qt>`: the rows' lookup tables, grid `(B*H, M, cdiv(K, lut_block))`.
+    pub rglut: Arc<Kernel>,
+    /// `pq_rground`: one threshold round, grid `(B*H, max(1, cdiv(S_alloc -
+    /// init_offset, round_tile)))`, launched four times.
+    pub rground: Arc<Kernel>,
+    /// `pq_rgcnt`: each part's taken-candidate counts, grid `(B*H, cdiv(S_alloc,
+    /// emit_tile))`.
+    pub rgcnt: Arc<Kernel>,
+    /// `pq_rgemit.w_<wt>`: each part's slice of the outputs, the same grid.
+    pub rgemit: Arc<Kernel>,
+    /// `BLOCK_C` of `pq_rglut`.
+    pub lut_block: usize,
+    /// `TILE` of `pq_rground` (keys per CTA).
+    pub round_tile: usize,
+    /// `TILE` of `pq_rgcnt` and `pq_rgemit` (positions per CTA; the same parts).
+    pub emit_tile: usize,
 }
 
 /// The chunked select kernel and the sizes its launches use.
@@ -318,10 +332,31 @@ impl Kernels {
         };
         let ragged = match (
             rt.default_kernel(&format!("pq_rgq.k_{qt}")),
-            rt.default_kernel(&format!("pq_rgsel.q_{qt}.w_{wt}")),
+            rt.default_kernel(&format!("pq_rglut.q_{qt}")),
+            rt.default_kernel("pq_rground"),
+            rt.default_kernel("pq_rgcnt"),
+            rt.default_kernel(&format!("pq_rgemit.w_{wt}")),
         ) {
-            (Ok(rgq), Ok(rgsel)) => Some(RaggedKernels { rgq, rgsel }),
-            _ => None,
+            (Ok(rgq), Ok(rglut), Ok(rground), Ok(rgcnt), Ok(rgemit)) => {
+                let emit_tile = constexpr_usize(&rgemit, "TILE")?;
+                if constexpr_usize(&rgcnt, "TILE")? != emit_tile {
+                    return Err(Error::invalid(
+                        "ragged kernels",
+                        "pq_rgcnt and pq_rgemit were built with different TILEs",
+                    ));
+                }
+                Some(RaggedKernels {
+                    lut_block: constexpr_usize(&rglut, "BLOCK_C")?,
+                    round_tile: constexpr_usize(&rground, "TILE")?,
+                    emit_tile,
+                    rgq,
+                    rglut,
+                    rground,
+                    rgcnt,
+                    rgemit,
+                })
+            }
+            _ => None, // an older kernel cache: ragged steps are refused, naming them
         };
         Ok(Kernels {
             ragged,
@@ -408,7 +443,13 @@ impl Kernels {
             v.extend([rk.rlut.clone(), rk.rround.clone(), rk.emit.clone()]);
         }
         if let Some(rg) = &self.ragged {
-            v.extend([rg.rgq.clone(), rg.rgsel.clone()]);
+            v.extend([
+                rg.rgq.clone(),
+                rg.rglut.clone(),
+                rg.rground.clone(),
+                rg.rgcnt.clone(),
+                rg.rgemit.clone(),
+            ]);
         }
         v
     }

@@ -1,11 +1,20 @@
 //! Ragged steps on the GPU (spec "Ragged batches"): [`GpuIndexer::step_ragged`] and
 //! [`GpuIndexer::step_ragged_device`] run one step over `B` sequences at their own
 //! lengths `S_b <= S_alloc` (`S_alloc` the indexer's `shape().s`), each row with its own
-//! `N_cached[b]`, in two launches (`kernels_triton/pq_ragged.py`):
+//! `N_cached[b]`, in eight launches (`kernels_triton/pq_ragged.py`), each row's selection
+//! spread over many CTAs (a CTA past its own row's parts exits at once):
 //!
 //! - `pq_rgq.k_<qt>`, grid `(B*H_kv*M, NCH)`: each long row's new keys' codes;
-//! - `pq_rgsel.q_<qt>.w_<wt>`, grid `(B*H,)`: one CTA per output row lists the row (short
-//!   or long at its own `S_b`, sizes resolved at `S_b`), sets the row's `N_cached`.
+//! - `pq_rglut.q_<qt>`, grid `(B*H, M, cdiv(K, BLOCK_C))`: each long row's lookup table
+//!   (and the rounds' histograms and tickets zeroed);
+//! - `pq_rground`, grid `(B*H, P)`, `P = max(1, cdiv(S_alloc - init_offset, TILE))`,
+//!   four times: the exact top-k threshold, one 8-bit digit of the rank key a round, the
+//!   row's last CTA to arrive closing the round;
+//! - `pq_rgcnt`, grid `(B*H, NP)`, `NP = cdiv(S_alloc, TILE)`: each part's taken
+//!   candidates counted;
+//! - `pq_rgemit.w_<wt>`, the same grid: each part writes its slice of the row's list
+//!   (placed after the earlier parts' entries), weights and padding; part 0 the length and
+//!   the row's `N_cached`.
 //!
 //! Every length-dependent quantity is read on the device, from the lengths buffer and the
 //! rows' counts (`i64 [B]`, kept by the indexer), so the launches' arguments depend only on
@@ -59,6 +68,14 @@ pub(crate) struct RaggedState {
     err: DevBuf<i32>,
     /// `f32 [B*H, M, K]`: each row's lookup table (scratch).
     lut: DevBuf<f32>,
+    /// `i64 [B*H, 8]`: each row's threshold state (scratch, written by round 0).
+    rst: DevBuf<i64>,
+    /// `i32 [B*H, 256]`: each row's round histogram (zeroed by `pq_rglut`).
+    rhist: DevBuf<i32>,
+    /// `i32 [B*H]`: each row's round ticket (zeroed by `pq_rglut`).
+    rtick: DevBuf<i32>,
+    /// `i32 [B*H, 2, NP]`: each emit part's sure and tie counts (scratch).
+    pcnt: DevBuf<i32>,
     /// The rows' counts where the host knows them (after [`GpuIndexer::step_ragged`] or
     /// [`GpuIndexer::set_row_n_cached`]; not after a device-length step).
     host_nc: Option<Vec<usize>>,
@@ -83,6 +100,10 @@ impl RaggedState {
             stat: DevBuf::new(),
             err: DevBuf::new(),
             lut: DevBuf::new(),
+            rst: DevBuf::new(),
+            rhist: DevBuf::new(),
+            rtick: DevBuf::new(),
+            pcnt: DevBuf::new(),
             host_nc: None,
             active: false,
             row_len: ragged_row_len(cfg, s_alloc),
@@ -103,8 +124,13 @@ impl RaggedState {
 
     /// Device bytes of the ragged buffers.
     pub fn bytes(&self) -> usize {
-        8 * (self.lens_in.len() + self.seen.len() + self.ncached.len())
-            + 4 * (self.stat.len() + self.err.len() + self.lut.len())
+        8 * (self.lens_in.len() + self.seen.len() + self.ncached.len() + self.rst.len())
+            + 4 * (self.stat.len()
+                + self.err.len()
+                + self.lut.len()
+                + self.rhist.len()
+                + self.rtick.len()
+                + self.pcnt.len())
     }
 }
 
@@ -397,8 +423,8 @@ impl GpuIndexer {
         if self.kernels.ragged.is_none() {
             return Err(Error::invalid(
                 "ragged step",
-                "pq_rgq / pq_rgsel are not in this ptx_cache (kernels_triton/pq_ragged.py; \
-                 rebuild with kernels_triton/build.py)",
+                "pq_rgq / pq_rglut / pq_rground / pq_rgcnt / pq_rgemit are not in this \
+                 ptx_cache (kernels_triton/pq_ragged.py; rebuild with kernels_triton/build.py)",
             ));
         }
         if self.state.outputs.is_some() {
@@ -410,11 +436,20 @@ impl GpuIndexer {
         let (cfg, sh) = (self.state.cfg, self.state.shape);
         let st = self.state.stream.clone();
         let rows = sh.b * sh.h;
+        let np = self
+            .kernels
+            .ragged
+            .as_ref()
+            .map_or(1, |rk| sh.s.div_ceil(rk.emit_tile));
         let r = &mut self.ragged;
         r.lens_in.ensure(&st, sh.b)?;
         r.seen.ensure(&st, sh.b)?;
         r.stat.ensure(&st, sh.b)?;
         r.lut.ensure(&st, rows * cfg.m() * cfg.k_centroids())?;
+        r.rst.ensure(&st, rows * 8)?;
+        r.rhist.ensure(&st, rows * 256)?;
+        r.rtick.ensure(&st, rows)?;
+        r.pcnt.ensure(&st, rows * 2 * np)?;
         self.state.sparse_list.ensure(&st, rows * r.row_len)?;
         self.state
             .weight
@@ -477,7 +512,7 @@ impl GpuIndexer {
         }
     }
 
-    /// Check the tensors, build the two launches over the lengths in `lens` and issue
+    /// Check the tensors, build the eight launches over the lengths in `lens` and issue
     /// them (or replay / update / capture the ragged graph).
     fn ragged_launch(
         &mut self,
@@ -514,6 +549,10 @@ impl GpuIndexer {
                     r.stat.ptr(),
                     r.err.ptr(),
                     r.lut.ptr(),
+                    r.rst.ptr(),
+                    r.rhist.ptr(),
+                    r.rtick.ptr(),
+                    r.pcnt.ptr(),
                 ]);
                 let gkey = GraphKey {
                     s: sh.s,
@@ -534,7 +573,8 @@ impl GpuIndexer {
         Ok(info)
     }
 
-    /// `pq_rgq` and `pq_rgsel` over the lengths in `lens` (`i64 [B]`).
+    /// `pq_rgq`, `pq_rglut`, four `pq_rground`, `pq_rgcnt` and `pq_rgemit` over the
+    /// lengths in `lens` (`i64 [B]`).
     fn ragged_launches(
         &self,
         query: &DeviceTensorRef,
@@ -545,7 +585,7 @@ impl GpuIndexer {
             .kernels
             .ragged
             .as_ref()
-            .ok_or_else(|| Error::invalid("ragged step", "pq_rgq / pq_rgsel are not built"))?;
+            .ok_or_else(|| Error::invalid("ragged step", "the ragged kernels are not built"))?;
         let (st, r) = (&self.state, &self.ragged);
         let (cfg, sh) = (&st.cfg, &st.shape);
         let (m, k) = (cfg.m(), cfg.k_centroids());
@@ -564,6 +604,10 @@ impl GpuIndexer {
             ("phi_ptr", KernelArg::Buf(st.phi_buf)),
             ("codes_ptr", KernelArg::Buf(st.codes.buf())),
             ("lut_ptr", KernelArg::Buf(r.lut.buf())),
+            ("rst_ptr", KernelArg::Buf(r.rst.buf())),
+            ("rhist_ptr", KernelArg::Buf(r.rhist.buf())),
+            ("rtick_ptr", KernelArg::Buf(r.rtick.buf())),
+            ("pcnt_ptr", KernelArg::Buf(r.pcnt.buf())),
             (
                 "lens_ptr",
                 KernelArg::Buf(lens.as_dtype(crate::artifact::Dtype::I64)),
@@ -607,40 +651,85 @@ impl GpuIndexer {
         ];
         let qrows = sh.b * sh.h_kv * m;
         let rows = sh.b * sh.h;
-        let (qrows, rows) = match (u32::try_from(qrows), u32::try_from(rows)) {
-            (Ok(q), Ok(r)) if q < i32::MAX as u32 && r < i32::MAX as u32 => (q, r),
-            _ => {
-                return Err(Error::invalid(
-                    "ragged grid",
-                    format!("B*H_kv*M = {qrows} or B*H = {rows} beyond the grid"),
-                ))
-            }
+        // parts of a row: round CTAs over the candidates j < w0 <= S_alloc - init_offset,
+        // emit CTAs over the positions p < S_alloc (a CTA past its row's parts exits)
+        let parts =
+            sh.s.saturating_sub(cfg.init_offset)
+                .div_ceil(rk.round_tile)
+                .max(1);
+        let np = sh.s.div_ceil(rk.emit_tile).max(1);
+        let lut_blocks = k.div_ceil(rk.lut_block);
+        let grid = |what: &str, v: usize, max: usize| {
+            u32::try_from(v)
+                .ok()
+                .filter(|&x| (x as usize) <= max)
+                .ok_or_else(|| {
+                    Error::invalid("ragged grid", format!("{what} = {v} beyond the grid"))
+                })
         };
+        let (qrows, rows) = (
+            grid("B*H_kv*M", qrows, i32::MAX as usize)?,
+            grid("B*H", rows, i32::MAX as usize)?,
+        );
+        let (parts, np) = (
+            grid("round parts", parts, 65535)?,
+            grid("emit parts", np, 65535)?,
+        );
+        let (m32, lut_blocks) = (grid("M", m, 65535)?, grid("K blocks", lut_blocks, 65535)?);
+        let mut named = named.to_vec();
+        named.push(("NP", KernelArg::I32(np as i32)));
         // Bounds: ensure_ragged sized lens_in/seen/ncached (i64) and stat (i32) for B
-        // rows, err for 2, the lookup table for B*H x M x K, sparse_list for B*H x T (the
-        // kernel masks every list store to ranks < T), weight for B*H x S_alloc elements
-        // (stores masked to p < S_alloc), and grew the codes to cap >= S_alloc -
-        // init_offset keys (a row writes codes n_cached[b] <= t < S_b - init_offset and
-        // reads j < w0 <= that, only when 1 <= S_b <= S_alloc: rows outside are refused
-        // before any address is formed from S_b); the caller vouched (check_extent in
-        // ragged_launch) for query [B, H, 1, D] and key [B, H_kv, S_alloc, D], the caller's
-        // lengths buffer holds >= B i64 (step_ragged_device). pq_rgq: grid (B*H_kv*M, NCH),
-        // each (b, g, m) row its own codes; pq_rgsel: grid (B*H,), each CTA its own output
-        // row; the first head of each batch row writes ncached[b], which no CTA of that
-        // launch reads (pq_rgq read it, in the launch before).
+        // rows, err for 2, the lookup table for B*H x M x K, rst for B*H x 8, rhist for B*H
+        // x 256, rtick for B*H, pcnt for B*H x 2 x NP (NP = cdiv(S_alloc, emit TILE), the
+        // emit grid's second extent), sparse_list for B*H x T (the kernel masks every list
+        // store to ranks < T), weight for B*H x S_alloc elements (stores masked to p <
+        // S_alloc), and grew the codes to cap >= S_alloc - init_offset keys (a row writes
+        // codes n_cached[b] <= t < S_b - init_offset and reads j < w0 <= that, only when 1
+        // <= S_b <= S_alloc: rows outside are refused before any address is formed from
+        // S_b); the caller vouched (check_extent in ragged_launch) for query [B, H, 1, D]
+        // and key [B, H_kv, S_alloc, D], the caller's lengths buffer holds >= B i64
+        // (step_ragged_device). Ordering: pq_rgq writes the codes and stat before the
+        // selection's launches read them; pq_rglut zeroes each row's histogram and ticket;
+        // in a round, the row's CTAs add to its histogram and take a ticket, and only the
+        // last to arrive reads the histogram, writes the row's state and zeroes both; the
+        // next launch reads the state. pq_rgcnt writes pcnt[r, :, c] for the parts c with
+        // c*TILE < S_b, which pq_rgemit's parts after c read (a later launch). pq_rgemit's
+        // part 0 of the first head of each long row writes ncached[b], which no CTA of the
+        // selection reads (pq_rgq read it, in the first launch).
         let order = &self.arg_order;
-        Ok(vec![
+        let mut launches = vec![
             Launch {
                 kernel: rk.rgq.clone(),
                 grid: [qrows, r.quant_ctas as u32, 1],
                 args: order.args(&rk.rgq, &named, true)?,
             },
             Launch {
-                kernel: rk.rgsel.clone(),
-                grid: [rows, 1, 1],
-                args: order.args(&rk.rgsel, &named, true)?,
+                kernel: rk.rglut.clone(),
+                grid: [rows, m32, lut_blocks],
+                args: order.args(&rk.rglut, &named, true)?,
             },
-        ])
+        ];
+        named.push(("ROUND", KernelArg::I32(0)));
+        let round_at = named.len() - 1;
+        for round in 0..4 {
+            named[round_at].1 = KernelArg::I32(round);
+            launches.push(Launch {
+                kernel: rk.rground.clone(),
+                grid: [rows, parts, 1],
+                args: order.args(&rk.rground, &named, true)?,
+            });
+        }
+        launches.push(Launch {
+            kernel: rk.rgcnt.clone(),
+            grid: [rows, np, 1],
+            args: order.args(&rk.rgcnt, &named, true)?,
+        });
+        launches.push(Launch {
+            kernel: rk.rgemit.clone(),
+            grid: [rows, np, 1],
+            args: order.args(&rk.rgemit, &named, true)?,
+        });
+        Ok(launches)
     }
 }
 
