@@ -916,12 +916,7 @@ fn gpu_heavy_above_512_on_the_histogram_family() {
         for exact in [false, true] {
             let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
             let s = seed.wrapping_add(i as u64 * 31 + u64::from(exact));
-            let x = if exact {
-                PqInputs::small_integer(&cfg, shape, n_cached, s)
-            } else {
-                PqInputs::random(&cfg, shape, n_cached, s)
-            }
-            .expect("inputs");
+            let x = inputs_for(&cfg, shape, n_cached, exact, s);
             for path in [
                 SelectPath::Auto,
                 SelectPath::Hist,
@@ -929,34 +924,20 @@ fn gpu_heavy_above_512_on_the_histogram_family() {
                 SelectPath::IndexWfill,
                 SelectPath::IndexCompanion,
             ] {
-                let ex = match execute_with_path(&rt, &cfg, &x, None, path, None, None, 0, false) {
-                    Ok(ex) => ex,
-                    Err(e) => {
-                        eprintln!("FAIL heavy {heavy} ({path:?}): {e}");
-                        failures.push((heavy, path));
-                        continue;
-                    }
-                };
-                runs += 1;
-                let report = if exact {
-                    check_exact(&cfg, &x, &ex.output)
-                } else {
-                    check(&cfg, &x, &ex.output)
-                };
-                let ok = report.passed() && ex.graph_matches && ex.hist_path;
-                eprintln!(
-                    "{} heavy {heavy:5} {:<6} {path:?} ran {}: graph {} [{report}]",
-                    if ok { "ok  " } else { "FAIL" },
-                    if exact { "exact" } else { "random" },
-                    ran_kind(&ex),
-                    if ex.graph_matches {
-                        "identical"
-                    } else {
-                        "DIFFERS"
-                    },
+                let what = format!(
+                    "heavy {heavy:5} {:<6} {path:?}",
+                    if exact { "exact" } else { "random" }
                 );
-                if !ok {
-                    failures.push((heavy, path));
+                match checked_step(&rt, &cfg, &x, path, exact, &what, |ex| ex.hist_path) {
+                    Ok(true) => runs += 1,
+                    Ok(false) => {
+                        runs += 1;
+                        failures.push((heavy, path));
+                    }
+                    Err(e) => {
+                        eprintln!("FAIL {what}: {e}");
+                        failures.push((heavy, path));
+                    }
                 }
             }
         }
@@ -983,6 +964,51 @@ fn ran_kind(ex: &tritonrt::pq::gpu::Execution) -> &'static str {
     } else {
         "chunked"
     }
+}
+
+/// Inputs of `cfg` at `shape` with `n_cached` codes: well-separated small integers where
+/// `exact` (their heavy sets are checked exactly), else standard normal.
+fn inputs_for(cfg: &PqConfig, shape: Shape, n_cached: usize, exact: bool, seed: u64) -> PqInputs {
+    if exact {
+        PqInputs::small_integer(cfg, shape, n_cached, seed)
+    } else {
+        PqInputs::random(cfg, shape, n_cached, seed)
+    }
+    .expect("inputs")
+}
+
+/// One step of `cfg` on `x` under `path`, plain and as a graph, checked by the spec's rule
+/// (exactly where `exact`), the graph replay bit-identical and `ran_as(&execution)`; prints
+/// one line naming `what`. `Ok(passed)`, or `Err(message)` where the step was refused or
+/// failed.
+fn checked_step(
+    rt: &Arc<Runtime>,
+    cfg: &PqConfig,
+    x: &PqInputs,
+    path: SelectPath,
+    exact: bool,
+    what: &str,
+    ran_as: impl Fn(&tritonrt::pq::gpu::Execution) -> bool,
+) -> Result<bool, String> {
+    let ex = execute_with_path(rt, cfg, x, None, path, None, None, 0, false)
+        .map_err(|e| e.to_string())?;
+    let report = if exact {
+        check_exact(cfg, x, &ex.output)
+    } else {
+        check(cfg, x, &ex.output)
+    };
+    let ok = report.passed() && ex.graph_matches && ran_as(&ex);
+    eprintln!(
+        "{} {what} ran {}: graph {} [{report}]",
+        if ok { "ok  " } else { "FAIL" },
+        ran_kind(&ex),
+        if ex.graph_matches {
+            "identical"
+        } else {
+            "DIFFERS"
+        },
+    );
+    Ok(ok)
 }
 
 /// Configs with more code combinations than the combination histogram takes (PQCache's
@@ -1032,12 +1058,7 @@ fn gpu_many_combinations_take_the_radix_select() {
                 let new_keys = if exact { 1 } else { 7 };
                 let n_cached = PqInputs::default_n_cached(&cfg, shape.s) + 1 - new_keys;
                 let s = seed.wrapping_add((ci * 100 + heavy) as u64 * 31 + u64::from(exact));
-                let x = if exact {
-                    PqInputs::small_integer(&cfg, shape, n_cached, s)
-                } else {
-                    PqInputs::random(&cfg, shape, n_cached, s)
-                }
-                .expect("inputs");
+                let x = inputs_for(&cfg, shape, n_cached, exact, s);
                 let what = format!(
                     "M={m} bits={bits} {} {} B={} H={} H_kv={} S={} heavy {heavy} {new_keys} new {}",
                     dt.as_str(),
@@ -1048,43 +1069,18 @@ fn gpu_many_combinations_take_the_radix_select() {
                     shape.s,
                     if exact { "exact" } else { "random" }
                 );
-                let ex = match execute_with_path(
-                    &rt,
-                    &cfg,
-                    &x,
-                    None,
-                    SelectPath::Auto,
-                    None,
-                    None,
-                    0,
-                    false,
-                ) {
-                    Ok(ex) => ex,
+                match checked_step(&rt, &cfg, &x, SelectPath::Auto, exact, &what, |ex| {
+                    ex.range_path
+                }) {
+                    Ok(true) => runs += 1,
+                    Ok(false) => {
+                        runs += 1;
+                        failures.push(what);
+                    }
                     Err(e) => {
                         eprintln!("FAIL {what}: {e}");
                         failures.push(what);
-                        continue;
                     }
-                };
-                runs += 1;
-                let report = if exact {
-                    check_exact(&cfg, &x, &ex.output)
-                } else {
-                    check(&cfg, &x, &ex.output)
-                };
-                let ok = report.passed() && ex.graph_matches && ex.range_path;
-                eprintln!(
-                    "{} {what} ran {}: graph {} [{report}]",
-                    if ok { "ok  " } else { "FAIL" },
-                    ran_kind(&ex),
-                    if ex.graph_matches {
-                        "identical"
-                    } else {
-                        "DIFFERS"
-                    },
-                );
-                if !ok {
-                    failures.push(what);
                 }
             }
         }
@@ -1138,53 +1134,30 @@ fn gpu_every_bits_m_and_dtype_mix() {
         let exact = ci % 2 == 1;
         let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
         let s = seed.wrapping_add(ci as u64 * 131);
-        let x = if exact {
-            PqInputs::small_integer(&cfg, shape, n_cached, s)
-        } else {
-            PqInputs::random(&cfg, shape, n_cached, s)
-        }
-        .expect("inputs");
+        let x = inputs_for(&cfg, shape, n_cached, exact, s);
         let what = format!(
             "M={m} bits={bits} q={} w={} heavy {heavy} {}",
             qt.as_str(),
             wt.as_str(),
             if exact { "exact" } else { "random" }
         );
-        let ex =
-            match execute_with_path(&rt, &cfg, &x, None, SelectPath::Auto, None, None, 0, false) {
-                Ok(ex) => ex,
-                Err(e) => {
-                    let msg = e.to_string();
-                    let combos = (1usize << bits).checked_pow(m as u32).unwrap_or(usize::MAX);
-                    if heavy > 512 && (combos > 4096 || m > 4) && msg.contains("heavy_size") {
-                        eprintln!("ok   {what}: refused as expected ({msg})");
-                        refused += 1;
-                    } else {
-                        eprintln!("FAIL {what}: {msg}");
-                        failures.push(what);
-                    }
-                    continue;
+        match checked_step(&rt, &cfg, &x, SelectPath::Auto, exact, &what, |_| true) {
+            Ok(passed) => {
+                runs += 1;
+                if !passed {
+                    failures.push(what);
                 }
-            };
-        runs += 1;
-        let report = if exact {
-            check_exact(&cfg, &x, &ex.output)
-        } else {
-            check(&cfg, &x, &ex.output)
-        };
-        let ok = report.passed() && ex.graph_matches;
-        eprintln!(
-            "{} {what} ran {}: graph {} [{report}]",
-            if ok { "ok  " } else { "FAIL" },
-            ran_kind(&ex),
-            if ex.graph_matches {
-                "identical"
-            } else {
-                "DIFFERS"
-            },
-        );
-        if !ok {
-            failures.push(what);
+            }
+            Err(msg) => {
+                let combos = (1usize << bits).checked_pow(m as u32).unwrap_or(usize::MAX);
+                if heavy > 512 && (combos > 4096 || m > 4) && msg.contains("heavy_size") {
+                    eprintln!("ok   {what}: refused as expected ({msg})");
+                    refused += 1;
+                } else {
+                    eprintln!("FAIL {what}: {msg}");
+                    failures.push(what);
+                }
+            }
         }
     }
     eprintln!(
