@@ -370,6 +370,39 @@ fn time_loop(
     })
 }
 
+/// [`time_loop`] over ragged steps of `ix` on `data` replayed from one graph, the lengths
+/// of step `i` (`lens_of(i)`, i64 `[B]`) copied into a device buffer before it.
+fn time_ragged_loop(
+    rt: &Runtime,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    warm: usize,
+    steps: usize,
+    ix: &mut GpuIndexer,
+    data: &LoopData,
+    lens_of: impl Fn(usize) -> Vec<i64>,
+) -> anyhow::Result<LoopTiming> {
+    let b = ix.shape().b;
+    let mut dlens = stream.alloc_zeros::<i64>(b)?;
+    let cell = std::cell::RefCell::new((&mut dlens, ix));
+    time_loop(
+        rt,
+        stream,
+        warm,
+        steps,
+        |i| {
+            let mut c = cell.borrow_mut();
+            stream.memcpy_htod(&lens_of(i), &mut *c.0)?;
+            Ok(())
+        },
+        |_| {
+            let mut c = cell.borrow_mut();
+            let (dl, ixr) = &mut *c;
+            let info = ixr.step_ragged_device(&data.q, &data.k, &**dl, LaunchMode::Graph)?;
+            Ok(info.captured)
+        },
+    )
+}
+
 /// `tritonrt bench --decode-loop`: a ragged batch's decode loop replayed from one graph
 /// whose lengths live in a device buffer, against a uniform batch of the same total length
 /// (the fixed-`S` step, and the ragged kernels at equal lengths). Returns the exit code.
@@ -423,30 +456,9 @@ pub fn decode_loop(
     )?;
     ix.import_codes(&data.codes, data.n)?;
     ix.set_row_n_cached(&n0)?;
-    let mut dlens = stream.alloc_zeros::<i64>(b)?;
-    let ragged = {
-        let (dl, ixr) = (&mut dlens, &mut ix);
-        let st = stream.clone();
-        let cell = std::cell::RefCell::new((dl, ixr));
-        time_loop(
-            rt,
-            &stream,
-            warm,
-            steps,
-            |i| {
-                let lens: Vec<i64> = lens_at(starts, i).iter().map(|&s| s as i64).collect();
-                let mut c = cell.borrow_mut();
-                st.memcpy_htod(&lens, &mut *c.0)?;
-                Ok(())
-            },
-            |_| {
-                let mut c = cell.borrow_mut();
-                let (dl, ixr) = &mut *c;
-                let info = ixr.step_ragged_device(&data.q, &data.k, &**dl, LaunchMode::Graph)?;
-                Ok(info.captured)
-            },
-        )?
-    };
+    let ragged = time_ragged_loop(rt, &stream, warm, steps, &mut ix, &data, |i| {
+        lens_at(starts, i).iter().map(|&s| s as i64).collect()
+    })?;
     ix.check_ragged_errors()
         .context("the ragged decode loop refused a row")?;
     let final_nc = ix.row_n_cached()?;
@@ -517,29 +529,9 @@ pub fn decode_loop(
     )?;
     rx.import_codes(&udata.codes, udata.n)?;
     rx.set_row_n_cached(&un0)?;
-    let mut dl2 = stream.alloc_zeros::<i64>(b)?;
-    let uniform_ragged = {
-        let st = stream.clone();
-        let cell = std::cell::RefCell::new((&mut dl2, &mut rx));
-        time_loop(
-            rt,
-            &stream,
-            warm,
-            steps,
-            |i| {
-                let lens = vec![(su + i) as i64; b];
-                let mut c = cell.borrow_mut();
-                st.memcpy_htod(&lens, &mut *c.0)?;
-                Ok(())
-            },
-            |_| {
-                let mut c = cell.borrow_mut();
-                let (dl, ixr) = &mut *c;
-                let info = ixr.step_ragged_device(&udata.q, &udata.k, &**dl, LaunchMode::Graph)?;
-                Ok(info.captured)
-            },
-        )?
-    };
+    let uniform_ragged = time_ragged_loop(rt, &stream, warm, steps, &mut rx, &udata, |i| {
+        vec![(su + i) as i64; b]
+    })?;
     rx.check_ragged_errors()?;
     say!(
         "uniform, ragged kernels (S_b = {su}):      {}",
