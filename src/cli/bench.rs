@@ -333,12 +333,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
         }));
     }
     say!("(us: medians per step; wall = host timer around step + synchronize; gpu = CUDA events; floor = bytes / copy bandwidth; state = every device byte the indexer allocated, MB = 1e6 bytes; w/o out = without its own output buffers)");
-    if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&json)? + "\n";
-        tritonrt::artifact::write_atomic(path, text.as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
-        say!("results written to {}", path.display());
-    }
+    write_json(a.json.as_deref(), &json)?;
     Ok(super::EXIT_OK)
 }
 
@@ -534,12 +529,7 @@ fn matrix(a: &BenchArgs, rt: &std::sync::Arc<tritonrt::runtime::Runtime>) -> any
         json.push(js);
     }
     say!("(us: medians per step; wall = CUDA-graph replay, host timer around step + synchronize; gpu = CUDA events around each replay; floor = bytes the step must move / copy bandwidth; state = every device byte the indexer allocated, MB = 1e6 bytes; w/o out = without its own output buffers; path: the step's kind, +quant where pq_quant ran first)");
-    if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&json)? + "\n";
-        tritonrt::artifact::write_atomic(path, text.as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
-        say!("results written to {}", path.display());
-    }
+    write_json(a.json.as_deref(), &json)?;
     Ok(if failed {
         super::EXIT_CHECK_FAILED
     } else {
@@ -785,15 +775,24 @@ fn bench_devices(a: &BenchArgs, ordinals: &[usize]) -> anyhow::Result<i32> {
         }));
     }
     say!("(us: medians per step; wall = host timer around step(s) + synchronize; gpu = CUDA events on each device's stream)");
-    if let Some(path) = &a.json {
-        let text = serde_json::to_string_pretty(&json)? + "\n";
-        tritonrt::artifact::write_atomic(path, text.as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
-        say!("results written to {}", path.display());
-    }
+    write_json(a.json.as_deref(), &json)?;
     Ok(if failed {
         super::EXIT_CHECK_FAILED
     } else {
         super::EXIT_OK
     })
+}
+
+/// Write `json` (pretty, one trailing newline) to `path` where given, atomically (nothing
+/// half-written), and say where.
+///
+/// Errors: serialization or I/O, naming the file.
+fn write_json(path: Option<&std::path::Path>, json: &[serde_json::Value]) -> anyhow::Result<()> {
+    if let Some(path) = path {
+        let text = serde_json::to_string_pretty(json)? + "\n";
+        tritonrt::artifact::write_atomic(path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        say!("results written to {}", path.display());
+    }
+    Ok(())
 }
