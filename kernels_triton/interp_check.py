@@ -400,20 +400,29 @@ def check_recount(st, hk, w0, what):
         assert np.array_equal(st[hk].a[r], want), f"{what}: row {r}: histogram != recount"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the first two cases only")
+def case_args(prog, doc, cases, quick=False):
+    """The command line the interpreter checks share: ``--case NAME`` (one case of
+    ``cases``, each a tuple whose first item is its name), ``--seed N`` (else a fresh
+    seed, printed as ``<prog>: seed N`` so a failure can be replayed) and, where
+    ``quick``, ``--quick`` (the first two cases). Returns ``(rng, the cases to run)``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    if quick:
+        ap.add_argument("--quick", action="store_true", help="the first two cases only")
     ap.add_argument("--case", default=None, help="this case only (by name)")
     ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
-    print(f"interp_check: seed {seed}")
-    rng = np.random.default_rng(seed)
-    cases = CASES[:2] if a.quick else CASES
+    print(f"{prog}: seed {seed}")
+    run = cases[:2] if quick and a.quick else cases
     if a.case:
-        cases = [c for c in CASES if c[0] == a.case]
-        if not cases:
-            ap.error(f"no case named {a.case!r}: {', '.join(c[0] for c in CASES)}")
+        run = [c for c in cases if c[0] == a.case]
+        if not run:
+            ap.error(f"no case named {a.case!r}: {', '.join(c[0] for c in cases)}")
+    return np.random.default_rng(seed), run
+
+
+def main():
+    rng, cases = case_args("interp_check", __doc__, CASES, quick=True)
     for name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, ip, tile, mp in cases:
         K = 1 << bits
         assert S0 > cfg["heavy"] + cfg["init_offset"] + 1 + K, name  # not the short path

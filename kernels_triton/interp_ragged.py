@@ -22,7 +22,6 @@ CTA), so long rows span many parts; the rounds must leave their histograms and t
 zero and every long row resolved after four rounds. Exit status 1 on the first mismatch.
 """
 
-import argparse
 import contextlib
 import math
 import os
@@ -35,7 +34,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from interp_check import Arr, _rank, head_lut64, nearest, reversed_grid  # noqa: E402
+from interp_check import Arr, case_args, _rank, head_lut64, nearest, reversed_grid  # noqa: E402
 from pq_ragged import (RGLUT_FIXED, RGQ_FIXED, pq_rgcnt_kernel, pq_rgemit_kernel, pq_rglut_kernel,  # noqa: E402
                        pq_rground_kernel, pq_rgq_kernel)
 
@@ -291,18 +290,7 @@ CASES = [
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", default=None, help="this case only (by name)")
-    ap.add_argument("--seed", type=int, default=None)
-    a = ap.parse_args()
-    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
-    print(f"interp_ragged: seed {seed}")
-    rng = np.random.default_rng(seed)
-    cases = CASES
-    if a.case:
-        cases = [c for c in CASES if c[0] == a.case]
-        if not cases:
-            ap.error(f"no case named {a.case!r}: {', '.join(c[0] for c in CASES)}")
+    rng, cases = case_args("interp_ragged", __doc__, CASES)
     for name, (B, H, H_kv, D, M, bits), sa, lens0, new, cfg, small, ip, nch, tile in cases:
         K = 1 << bits
         io = cfg["init_offset"]

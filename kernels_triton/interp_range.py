@@ -16,7 +16,6 @@ radix state's histogram and counters must be left zero. Outputs are poisoned bef
 launch. Exit status 1 on the first mismatch.
 """
 
-import argparse
 import os
 import sys
 
@@ -27,7 +26,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from interp_check import Arr, check, make_state, poison_nonfinite, poisoned_outputs, reversed_grid, split_applies  # noqa: E402,E501
+from interp_check import Arr, case_args, check, make_state, poison_nonfinite, poisoned_outputs, reversed_grid, split_applies  # noqa: E402,E501
 from pq_range import LEVELS, RLUT_FIXED, RROUND_FIXED, pq_rlut_kernel, pq_rround_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, pq_emit_kernel  # noqa: E402
 
@@ -113,18 +112,7 @@ CASES = [
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", default=None, help="this case only (by name)")
-    ap.add_argument("--seed", type=int, default=None)
-    a = ap.parse_args()
-    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
-    print(f"interp_range: seed {seed}")
-    rng = np.random.default_rng(seed)
-    cases = CASES
-    if a.case:
-        cases = [c for c in CASES if c[0] == a.case]
-        if not cases:
-            ap.error(f"no case named {a.case!r}: {', '.join(c[0] for c in CASES)}")
+    rng, cases = case_args("interp_range", __doc__, CASES)
     for name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, ip, tile, rtile in cases:
         mp = 2 if M <= 2 else 4
         n0 = S0 - cfg["init_offset"] - 1
