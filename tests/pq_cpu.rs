@@ -2,8 +2,10 @@
 //! an independent naive implementation, the checker against planted errors, safetensors
 //! I/O (round trip, bad files, atomic writes) and `tritonrt run --backend cpu`.
 
+mod common;
+
+use common::tritonrt;
 use std::path::Path;
-use std::process::Command;
 
 use tritonrt::artifact::write_atomic;
 use tritonrt::pq::check::{check_with, CheckMode, CheckOptions, ViolationKind};
@@ -1303,21 +1305,6 @@ fn writes_are_atomic() {
 // ----------------------------------------------------------------------------------
 // The binary
 // ----------------------------------------------------------------------------------
-
-fn tritonrt(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tritonrt"))
-        .args(args)
-        .env_remove("TRITONRT_BACKEND")
-        .env_remove("TRITONRT_WORKLOAD")
-        .env_remove("TRITONRT_SEED")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 const SMALL: [&str; 10] = [
     "--seq-len",

@@ -6,8 +6,9 @@
 
 mod common;
 
+use common::tritonrt;
+
 use std::collections::HashMap;
-use std::process::Command;
 
 use rand::{Rng, SeedableRng};
 use tritonrt::pq::check::{check_with, CheckMode, CheckOptions};
@@ -543,21 +544,6 @@ fn metadata_round_trips_ratios_and_keeps_integers_counts() {
 // ----------------------------------------------------------------------------------
 // tritonrt run
 // ----------------------------------------------------------------------------------
-
-fn tritonrt(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tritonrt"))
-        .args(args)
-        .env_remove("TRITONRT_BACKEND")
-        .env_remove("TRITONRT_WORKLOAD")
-        .env_remove("TRITONRT_SEED")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn cli_run_takes_ratio_sizes() {

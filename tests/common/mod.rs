@@ -43,3 +43,21 @@ pub fn gpu_runtime(what: &str) -> Option<std::sync::Arc<tritonrt::runtime::Runti
         }
     }
 }
+
+/// Run the `tritonrt` binary with `args`, the environment defaults of `run` (backend,
+/// workload, seed) removed so the arguments alone decide: `(exit code, stdout, stderr)`.
+#[allow(dead_code)] // not every test crate that includes this module runs the CLI
+pub fn tritonrt(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tritonrt"))
+        .args(args)
+        .env_remove("TRITONRT_BACKEND")
+        .env_remove("TRITONRT_WORKLOAD")
+        .env_remove("TRITONRT_SEED")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
