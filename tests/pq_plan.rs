@@ -34,6 +34,14 @@ fn shape(b: usize, h: usize) -> Shape {
     }
 }
 
+/// The practical workloads' shape: B = 1, H = 32, H_kv = 8, D = 128 (`S` is the step's).
+fn gqa_shape() -> Shape {
+    Shape {
+        h_kv: 8,
+        ..shape(1, 32)
+    }
+}
+
 /// `pq_index`'s TP (keys a row gathers; `kernels_triton/pq_index.py`).
 const TP: usize = 256;
 
@@ -600,13 +608,7 @@ fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
         weight_dtype: tritonrt::pq::DType::BF16,
         ..PqConfig::reference_workload()
     };
-    let sh = Shape {
-        b: 1,
-        h: 32,
-        h_kv: 8,
-        s: 0,
-        d: 128,
-    };
+    let sh = gqa_shape();
     let facts = PlanFacts {
         chunked: None,
         ..sm90(H100_SMS)
@@ -673,13 +675,7 @@ fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
 /// Up to TP / 2 heavy picks the indexed path stays Auto's choice; above, split.
 #[test]
 fn heavy_up_to_tp_stays_indexed() {
-    let sh = Shape {
-        b: 1,
-        h: 32,
-        h_kv: 8,
-        s: 0,
-        d: 128,
-    };
+    let sh = gqa_shape();
     for heavy in [100, TP / 2] {
         let cfg = PqConfig {
             heavy_size: Size::Count(heavy),
@@ -750,15 +746,7 @@ fn takes_index_is_the_plans_choice() {
             ..bf16(128, 2, 6)
         },
     ];
-    let shapes = [
-        shape(1, 32),
-        shape(4, 32),
-        shape(4, 128),
-        Shape {
-            h_kv: 8,
-            ..shape(1, 32)
-        },
-    ];
+    let shapes = [shape(1, 32), shape(4, 32), shape(4, 128), gqa_shape()];
     let mut seen = [false; 2];
     for cfg in cfgs {
         for f in [
@@ -805,13 +793,7 @@ fn no_indexed_step_for_configs_the_plan_never_indexes() {
         weight_dtype: DType::BF16,
         ..rcfg()
     };
-    let p_shape = Shape {
-        b: 1,
-        h: 32,
-        h_kv: 8,
-        s: 0,
-        d: 128,
-    };
+    let p_shape = gqa_shape();
     let l_shape = Shape { b: 4, ..p_shape };
     let on = |cfg: &PqConfig, sh: &Shape, s, path| {
         takes_index(
@@ -1001,13 +983,7 @@ fn radix(chunked: bool) -> PlanFacts {
 /// asked for but chunked; its grids follow the candidates and the keys.
 #[test]
 fn many_combinations_take_the_radix_select() {
-    let sh = Shape {
-        b: 1,
-        h: 32,
-        h_kv: 8,
-        s: 0,
-        d: 128,
-    };
+    let sh = gqa_shape();
     let s = 32768;
     for (m, bits) in [(2, 8), (4, 8), (3, 5)] {
         for heavy in [1, 128, 512, 3020, 30000] {
@@ -1062,13 +1038,7 @@ fn many_combinations_take_the_radix_select() {
 /// without it the step is refused naming heavy_size and the reason.
 #[test]
 fn radix_select_outside_the_split_emit_falls_back_or_refuses() {
-    let sh = Shape {
-        b: 1,
-        h: 8,
-        h_kv: 8,
-        s: 0,
-        d: 128,
-    };
+    let sh = shape(1, 8);
     let cfg = PqConfig {
         heavy_size: Size::Count(600),
         sink_size: Size::Count(256), // more sink positions than init_offset (128)
