@@ -73,6 +73,7 @@ import triton.language as tl
 
 from kspec import Arg, Kernel, i32, i64, ptr, single
 from pq_select import _lut_tile, _nearest, _rank_score, _row_dots
+from pq_hist import _row_ids
 from pq_range import _ukey
 
 #: bins of one threshold round (8 bits of the 32-bit key)
@@ -188,10 +189,7 @@ def pq_rglut_kernel(
     r = tl.program_id(0)
     m = tl.program_id(1)
     i = tl.program_id(2)
-    r64 = r.to(tl.int64)
-    b = r // H
-    h = r % H
-    bg = b.to(tl.int64) * (H // G) + h // G
+    r64, b, h, _, bg = _row_ids(r, H, G)
     if (m == 0) & (i == 0):
         # the rounds' histogram and ticket of this row start at zero
         bins = tl.arange(0, RG_BINS)
@@ -257,9 +255,7 @@ def pq_rground_kernel(
     """See the module docstring and README.md (launch contract)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
-    r64 = r.to(tl.int64)
-    b = r // H
-    bg = b.to(tl.int64) * (H // G) + (r % H) // G
+    r64, b, _, _, bg = _row_ids(r, H, G)
     ok, long, S, n, w0, k, s_sink, s_win, total = _rg_row(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c,
                                                           sink_r, win_c, win_r, hv_c, hv_r)
     rs = rst_ptr + r64 * RS_LEN
@@ -309,9 +305,7 @@ def pq_rgcnt_kernel(
     """See the module docstring and README.md (launch contract)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
-    r64 = r.to(tl.int64)
-    b = r // H
-    bg = b.to(tl.int64) * (H // G) + (r % H) // G
+    r64, b, _, _, bg = _row_ids(r, H, G)
     ok, long, S, n, w0, k, s_sink, s_win, total = _rg_row(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c,
                                                           sink_r, win_c, win_r, hv_c, hv_r)
     p0 = c * TILE
@@ -339,10 +333,7 @@ def pq_rgemit_kernel(
     """See the module docstring and README.md (launch contract)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
-    r64 = r.to(tl.int64)
-    b = r // H
-    h = r % H
-    bg = b.to(tl.int64) * (H // G) + h // G
+    r64, b, h, _, bg = _row_ids(r, H, G)
     ok, long, S, n, w0, k, s_sink, s_win, total = _rg_row(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c,
                                                           sink_r, win_c, win_r, hv_c, hv_r)
     ws = S - s_win
