@@ -122,14 +122,6 @@ def run_step(st, S, n_old, cfg, tile, mp=2):
     return sl.a, ln.a, w.a
 
 
-def split_applies(S, cfg):
-    """The host's condition for the two-launch path (pq_split.py's preconditions)."""
-    io = cfg["init_offset"]
-    n = S - io
-    ws = S - min(cfg["window"], S)
-    return io >= min(cfg["sink"], S) and ws >= io and ws - io >= min(cfg["heavy"], n)
-
-
 def run_split(st, S, n_old, cfg, tile, mp=2):
     """pq_thresh_kernel then pq_emit_kernel (TILE = ``tile``) for the state ``st`` at S;
     returns (sparse_list, sparse_len, weight_list) and checks the emit's flags."""
@@ -439,9 +431,9 @@ def main():
             n = S - cfg["init_offset"]
             w0 = max(0, S - min(cfg["window"], S) - cfg["init_offset"])
             assert w0 <= n_old, name
-            # launches rotate over pq_hist, split (where it applies) and the indexed path
+            # launches rotate over pq_hist, split and the indexed path
             # (M <= 2; its own histogram and buckets); the same persistent codes
-            split = i % 3 == 1 and split_applies(S, cfg)
+            split = i % 3 == 1
             index = i % 3 == 2 and M <= 2
             # indexed launches rotate: pq_wfill + pq_index, pq_index with companion fill
             # (companion first, then the grid reversed: row CTA first)
@@ -479,10 +471,9 @@ def main():
             check_recount(st, "ihist", w0, f"{name}: pq_index")
         for hk in ("hist", "histn", "ihist", "ihistn"):
             st[hk].a[:] = 0
-        split = split_applies(S, cfg)
-        out = (run_split if split else run_step)(st, S, n_old, cfg, tile, mp)
-        check(st, S, n_old, cfg, out, f"{name} after reset")
-        splits += split
+        out = run_split(st, S, n_old, cfg, tile, mp)
+        check(st, S, n_old, cfg, out, f"{name} after reset (split)")
+        splits += 1
         launches += 1
         if M <= 2:  # the indexed path after the reset too: buckets refilled from scratch
             check(st, S, n_old, cfg, run_index(st, S, n_old, cfg, tile, mp, 2),

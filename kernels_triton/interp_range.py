@@ -6,8 +6,9 @@ GPU, no torch).
     TRITON_INTERPRET=1 python3 kernels_triton/interp_range.py [--case NAME] [--seed N]
 
 Configs with more code combinations than the combination histogram takes (``K^M >
-4096``: (M, bits) = (2, 8), (4, 8), (3, 5)), and some it does take (the radix select works
-for any), on small random shapes, every row checked against the spec as
+4096``: (M, bits) = (2, 8), (4, 8), (3, 5), (8, 4), (5, 3)), and some it does take (the
+radix select works for any: (8, 1)), rows whose heavy picks reach into the sink or the
+window (``pq_emit``'s generic placement), on small random shapes, every row checked against the spec as
 ``interp_check.py`` checks it (heavy set by the 1e-4 rule with float64 scores, exact on
 small-integer inputs; sink, window, order, weights, new keys' codes). Each case runs
 several decode steps, a replay of the last one, and the same step with the CTAs run in
@@ -26,7 +27,7 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from interp_check import Arr, case_args, check, make_state, poison_nonfinite, poisoned_outputs, reversed_grid, split_applies  # noqa: E402,E501
+from interp_check import Arr, case_args, check, make_state, poison_nonfinite, poisoned_outputs, reversed_grid  # noqa: E402,E501
 from pq_range import LEVELS, RLUT_FIXED, RROUND_FIXED, pq_rlut_kernel, pq_rround_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, pq_emit_kernel  # noqa: E402
 
@@ -108,13 +109,30 @@ CASES = [
     ("flat", (1, 2, 2, 32, 4, 8), 1200, 1, dict(sink=8, window=16, heavy=100, init_offset=8), False, False, 256, 512),
     ("nonfinite", (1, 4, 2, 32, 2, 8), 1500, 2, dict(sink=8, window=16, heavy=60, init_offset=8), False, False, 256,
      512),
+    # rows whose heavy picks do not all lie between sink and window: the sink reaching
+    # past the first key (sink and heavy copies of one position), fewer candidates than
+    # heavy (the lowest masked keys fill in: heavy and window copies), a window reaching
+    # before the first key (no candidate at all)
+    ("sink_past_first_key", (1, 4, 2, 64, 2, 8), 3000, 2, dict(sink=700, window=32, heavy=300, init_offset=16), False,
+     False, 512, 1024),
+    ("fill_from_window", (1, 2, 2, 32, 2, 8), 700, 2, dict(sink=4, window=600, heavy=300, init_offset=4), True, False,
+     256, 512),
+    ("window_before_first_key", (1, 2, 1, 32, 4, 8), 1000, 2, dict(sink=60, window=2000, heavy=100, init_offset=40),
+     False, False, 256, 512),
+    # M > 4 (K^M up to 2^32), and M = 8 with K^M = 256 (many ties)
+    ("m8_bits4", (1, 4, 2, 64, 8, 4), 1500, 2, dict(sink=8, window=16, heavy=200, init_offset=8), False, False, 256,
+     512),
+    ("m8_bits1_ties", (1, 2, 2, 32, 8, 1), 1200, 2, dict(sink=8, window=16, heavy=50, init_offset=8), True, False, 256,
+     256),
+    ("m5_bits3_ip", (2, 2, 1, 40, 5, 3), 1300, 2, dict(sink=8, window=24, heavy=120, init_offset=8), False, True, 256,
+     512),
 ]
 
 
 def main():
     rng, cases = case_args("interp_range", __doc__, CASES)
     for name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, ip, tile, rtile in cases:
-        mp = 2 if M <= 2 else 4
+        mp = 2 if M <= 2 else 4 if M <= 4 else 8
         n0 = S0 - cfg["init_offset"] - 1
         st = make_state(rng, B, H, H_kv, D, M, bits, S0 + steps + 4, n0, small, ip)
         if name == "m2_bits7_dense":
@@ -133,7 +151,6 @@ def main():
         plan = [S0 + i for i in range(steps)] + [S0 + steps - 1]  # decode steps, then a replay
         total_rounds = 0
         for i, S in enumerate(plan + [plan[-1]]):
-            assert split_applies(S, cfg), name
             reverse = i == len(plan)
             out, rounds = run_range(st, S, n_old, cfg, tile, rtile, mp, reverse)
             tag = ", CTAs in reverse order" if reverse else ""

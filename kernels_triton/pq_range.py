@@ -1,4 +1,4 @@
-"""The split path's threshold for any number of code combinations (``K^M > 4096``, M <= 4):
+"""The split path's threshold for any number of code combinations (``K^M > 4096``, or M > 4):
 a select over the keys' scores by rounds of histograms, in place of ``pq_thresh``'s
 combination histogram.
 
@@ -55,9 +55,11 @@ a non-finite entry; ``need = min(k, w0)``. Later rounds read the row's state ``r
 row. The closing CTA writes ``bnd f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and ``need i32
 [B*H]`` when the row resolves (``k = 0``: nothing is taken).
 
-Launch contract: README.md in this directory. Host preconditions: those of the split
-emit (``init_offset >= sink'``, ``S - window' >= init_offset``, ``w0 >= k``), no new key
-among the candidates (``w0 <= n_old``) and at most one new key.
+Launch contract: README.md in this directory. A row whose candidates are at most ``k``
+(``w0 <= k``) takes them all: round 0 resolves it at once (``t_sure`` below every rank,
+``need = 0``), ``pq_emit`` adding the lowest masked keys up to ``k``. Host
+preconditions: no new key among the candidates (``w0 <= n_old``) and at most one new
+key.
 """
 
 import triton
@@ -103,10 +105,8 @@ def _score_bound(ext, mm, M, MP: tl.constexpr):
     (m = 0, 1, ..; + 0.0 for m >= M), so a key's score is at least (at most) this sum of
     the per-subvector minima (maxima)."""
     s = _pick(ext, mm, 0)
-    s += tl.where(M > 1, _pick(ext, mm, 1), 0.0)
-    if MP > 2:
-        s += tl.where(M > 2, _pick(ext, mm, 2), 0.0)
-        s += tl.where(M > 3, _pick(ext, mm, 3), 0.0)
+    for mi in tl.static_range(1, MP):
+        s += tl.where(M > mi, _pick(ext, mm, mi), 0.0)
     return s
 
 
@@ -307,7 +307,11 @@ def pq_rround_kernel(
     cand = j < w0
     if ROUND == 0:
         need = tl.minimum(k, w0).to(tl.int64)
-        if need <= 0:
+        if w0 <= k:
+            # every candidate is taken (pq_emit adds the lowest masked keys up to k)
+            if c == 0:
+                _resolve(bnd_ptr, need_ptr, rs, r, r64, -NO_PICK, -NO_PICK, need - need)
+        elif need <= 0:
             if c == 0:
                 _resolve(bnd_ptr, need_ptr, rs, r, r64, NO_PICK, NO_PICK, need)
         else:
@@ -346,7 +350,7 @@ def pq_rround_kernel(
 # declarations for the build
 
 DTYPES = ("fp32", "bf16", "fp16")
-MPS = (2, 4)  # code rows per key: M <= MP
+MPS = (2, 4, 8)  # code rows per key: M <= MP
 LEVELS = 3  # rounds launched per step (see the module docstring: three always resolve)
 RLUT_FIXED = {"BLOCK_C": 64, "BLOCK_DS": 64}
 RROUND_FIXED = {"KP": 256, "NB0": 256, "NB": 4096, "LEVELS": LEVELS, "BLOCK_C": RLUT_FIXED["BLOCK_C"]}

@@ -23,15 +23,17 @@ counts of the row's earlier parts (spinning until each has published), ranks eac
 key by its mask's prefix count and its bit (as ``pq_hist``'s ``_emit_masks``), then
 writes its slice of ``weight_list`` in 16-byte stores (``w_ptr`` 16-byte aligned; the
 slice shifted onto 16-byte boundaries, see ``_store_weights``) and its ``sparse_list``
-entries: heavy keys at ``sink' + rank``, window positions ``p`` at ``sink' + k + (p -
-ws)``. Part 0 also writes the positions before the first key (sink ``p`` at slot ``p``,
-zero weights) and ``sparse_len``. Tickets are handed out in launch order of the CTAs
-that run, so every earlier part of a row belongs to a CTA that is already running: the
-spin always ends.
+entries: in the usual row (every heavy pick between sink and window) heavy keys at
+``sink' + rank`` and window positions ``p`` at ``sink' + k + (p - ws)``; in any other row
+(``init_offset < sink'``, a window reaching before the first key, or fewer candidates
+than ``k``, the lowest masked keys filling in) every key's sink, heavy and window copies
+in one ascending list, as ``pq_hist`` does. Part 0 also writes the positions before the
+first key and ``sparse_len``. Tickets are handed out in launch order of the CTAs that
+run, so every earlier part of a row belongs to a CTA that is already running: the spin
+always ends.
 
-Host preconditions of the split (else ``pq_hist``): ``init_offset >= sink'``, ``S -
-window' >= init_offset`` and ``w0 >= k`` (every heavy pick lies between sink and window,
-no fill-in), the step's new keys are not candidates (``w0 <= n_old``).
+Host precondition: the step's new keys are not candidates (``w0 <= n_old``; else
+``pq_quant`` quantizes them first).
 """
 
 import triton
@@ -39,7 +41,7 @@ import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import _rank_score
-from pq_hist import (FIXED as HIST_FIXED, _codes, _popc, _quantize_cta, _row_ids, _row_sizes, _row_threshold,
+from pq_hist import (FIXED as HIST_FIXED, _code_row, _popc, _quantize_cta, _row_ids, _row_sizes, _row_threshold,
                      _stamp, _store_heavy, _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
@@ -48,19 +50,19 @@ READY = tl.constexpr(1 << 62)
 
 @triton.jit
 def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP: tl.constexpr):
-    """Ranks (``_rank_score``) of the scores of keys ``j`` (i32 ``[TILE/32, 32]``, one part's keys) of KV head ``bg``
-    from the head's lookup table ``lut_row`` (f32 ``[M, K]``, written by pq_thresh): the
-    entries added in pq_thresh's order (m = 0, 1, ..; + 0.0 for m >= M), so both classify
-    alike bit for bit. Every key is scored, candidate or not (the gathers stay inside the
-    table: codes masked to ``K - 1``, rows m >= M read row M - 1 and add 0.0); the caller
-    masks the classes per 32-key group. Code loads masked by ``j < cap`` only (cap % 16 ==
-    0, parts start at multiples of TILE): vector loads."""
-    c0, c1, c2, c3 = _codes(codes_ptr + bg * M * cap, cap, M, MP, j)
-    sc = tl.load(lut_row + (c0.to(tl.uint32) & (K - 1)))
-    sc += tl.where(M > 1, tl.load(lut_row + tl.minimum(M - 1, 1) * K + (c1.to(tl.uint32) & (K - 1))), 0.0)
-    if MP > 2:
-        sc += tl.where(M > 2, tl.load(lut_row + tl.minimum(M - 1, 2) * K + (c2.to(tl.uint32) & (K - 1))), 0.0)
-        sc += tl.where(M > 3, tl.load(lut_row + tl.minimum(M - 1, 3) * K + (c3.to(tl.uint32) & (K - 1))), 0.0)
+    """Ranks (``_rank_score``) of the scores of keys ``j`` (i32, any shape: one part's or
+    one round tile's keys) of KV head ``bg`` from the head's lookup table ``lut_row`` (f32
+    ``[M, K]``): the entries added in pq_thresh's order (m = 0, 1, ..; + 0.0 for ``M <= m
+    < MP``), so every kernel that classifies by them agrees bit for bit. Every key is
+    scored, candidate or not (the gathers stay inside the table: codes masked to ``K -
+    1``, rows m >= M read row M - 1 and add 0.0); the caller masks the classes. Code loads
+    masked by ``j < cap`` only (cap % 16 == 0, parts start at multiples of TILE): vector
+    loads."""
+    cbase = codes_ptr + bg * M * cap
+    sc = tl.load(lut_row + (_code_row(cbase, cap, 0, M, j).to(tl.uint32) & (K - 1)))
+    for mi in tl.static_range(1, MP):
+        cm = _code_row(cbase, cap, mi, M, j)
+        sc += tl.where(M > mi, tl.load(lut_row + tl.minimum(M - 1, mi) * K + (cm.to(tl.uint32) & (K - 1))), 0.0)
     return _rank_score(sc)
 
 
@@ -109,16 +111,27 @@ def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, 
                s_sink, s_win, init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
     """One part's emit (keys ``j = j0 ..``, ``[NW, 32]``, scores ``sc``): classify by the
     row's bounds per 32-key group (sure: ``sc >= t_sure``, maybe: ``t_maybe <= sc <
-    t_sure``, candidates ``j < w0`` only), publish the part's sure / maybe counts in its
-    flag word ``frow[c]``, add up the earlier parts' (spinning until each has
-    published), rank the taken keys and write the part's weights, window and heavy
-    entries; part 0 also the positions before the first key and ``sparse_len``."""
+    t_sure``, candidates ``j < w0`` only; where fewer than ``k`` keys are candidates the
+    lowest masked keys ``w0 <= j < k`` are sure too, spec step 4), publish the part's sure
+    / maybe counts in its flag word ``frow[c]``, add up the earlier parts' (spinning
+    until each has published), rank the taken keys and write the part's weights, sink,
+    heavy and window entries; part 0 also the positions before the first key and
+    ``sparse_len``.
+
+    Rows whose heavy picks all lie between the sink and the window (``init_offset >=
+    sink'``, ``ws >= init_offset``, ``w0 >= k``: the usual case) write heavy keys at
+    ``sink' + rank`` and window keys at ``sink' + k + (j - w0)``. Any other row places
+    each key's sink, heavy and window copies in one ascending list as ``pq_hist``'s
+    ``_emit_generic`` does (equal values sort sink, heavy, window), each key's rank being
+    its group's taken keys before it plus the lower taken bits of its mask."""
     lane_u = lane.to(tl.uint32)
     g0 = j0 + wd * 32
+    ws = S - s_win  # first window position
     cand = _low_bits(g0, w0)
+    fill = _low_bits(g0, k) & (cand ^ 0xFFFFFFFF)  # none unless w0 < k
     ge_s = tl.sum((sc >= t_sure).to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
     ge_m = tl.sum((sc >= t_maybe).to(tl.uint32) << lane_u[None, :], axis=1)
-    bs = ge_s & cand
+    bs = (ge_s & cand) | fill
     bm = ge_m & cand & (bs ^ 0xFFFFFFFF)
     ps = _popc(bs)
     pm = _popc(bm)
@@ -145,21 +158,44 @@ def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, 
             carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
     take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
 
-    # weights: taken candidates and window keys (w0 <= j < n)
-    _store_weights(w_ptr, take | (_low_bits(g0, n) & (cand ^ 0xFFFFFFFF)), r64, S, init_offset, j0, j, wd, lane, lane_u, n, TILE,
-                   NW)
+    # weights: taken keys, window keys (w0 <= j < n) and sink keys (j + init_offset < sink')
+    wbits = take | (_low_bits(g0, n) & (cand ^ 0xFFFFFFFF)) | _low_bits(g0, s_sink - init_offset)
+    _store_weights(w_ptr, wbits, r64, S, init_offset, j0, j, wd, lane, lane_u, n, TILE, NW)
     total = s_sink + k + s_win
-    if j0 + TILE > w0:  # window keys in this part
-        tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & (j < n))
-    _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
+    if (init_offset >= s_sink) & (ws >= init_offset) & (w0 >= k):
+        if j0 + TILE > w0:  # window keys in this part
+            tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & (j < n))
+        _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
+    else:
+        # four 32-key groups at a time (the whole part's positions at once would hold
+        # i64 addresses for TILE keys and raise every row's register count)
+        for s0 in range(0, tl.minimum(NW, tl.cdiv(n - j0, 32)), 4):  # groups holding keys
+            gi = s0 + tl.arange(0, 4)
+            tg = tl.gather(take, gi, 0)
+            # taken keys of the row before each key, and whether it is taken
+            tk = ((tg[:, None] >> lane_u[None, :]) & 1) != 0
+            tb = tl.gather(ex_t, gi, 0)[:, None] + _popc(tg[:, None] & ((1 << lane_u[None, :]) - 1))
+            p = j0 + init_offset + gi[:, None] * 32 + lane[None, :]
+            pv = p.to(tl.int64)
+            in_n = p < S
+            sh = tl.maximum(p - ws, 0)  # window positions before p
+            hs = tl.minimum(p + 1, s_sink)  # sink positions at or before p
+            tl.store(sl_row + hs + tb + sh, pv, mask=tk)
+            tl.store(sl_row + p + tb + sh, pv, mask=(p < s_sink) & in_n)
+            tl.store(sl_row + hs + tb + tk.to(tl.int32) + (p - ws), pv, mask=(p >= ws) & in_n)
     if c == 0:
-        # positions before the first key: the sink (init_offset >= sink') and zeros
+        # positions before the first key: sink and window entries (no heavy pick below
+        # them) and their weights
         wty = w_ptr.dtype.element_ty
         w_row = w_ptr + r64 * S
-        for p0 in range(0, init_offset, TILE):
-            q = p0 + tl.arange(0, TILE)
-            tl.store(w_row + q, (q < s_sink).to(tl.float32).to(wty), mask=q < init_offset)
-            tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
+        for p0 in range(0, init_offset, 1024):  # 1024 at a time: few registers
+            q = p0 + tl.arange(0, 1024)
+            qm = q < init_offset
+            is_sink = q < s_sink
+            is_win = q >= ws
+            tl.store(w_row + q, (is_sink | is_win).to(tl.float32).to(wty), mask=qm)
+            tl.store(sl_row + q + tl.maximum(q - ws, 0), q.to(tl.int64), mask=qm & is_sink)
+            tl.store(sl_row + tl.minimum(q + 1, s_sink) + (q - ws), q.to(tl.int64), mask=qm & is_win)
         tl.store(len_ptr + r64, total.to(tl.int64))
 
 
@@ -211,7 +247,7 @@ def pq_emit_kernel(
     r = t // NP
     c = t - r * NP
     r64, b, h, g, bg = _row_ids(r, H, G)
-    n, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)  # w0 >= k >= 0 (host precondition)
+    n, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)
     s_win = tl.minimum(window, S)
     # this part's keys j0 .. j0 + TILE as [TILE/32, 32]: one 32-key group per row
     NW: tl.constexpr = TILE // 32
@@ -232,7 +268,8 @@ def pq_emit_kernel(
 # declarations for the build
 
 DTYPES = ("fp32", "bf16", "fp16")
-MPS = (2, 4)  # code rows loaded per key: M <= MP
+MPS = (2, 4)  # pq_thresh: code rows loaded per key, M <= MP (the combination histogram takes M <= 4)
+EMIT_MPS = (2, 4, 8)  # pq_emit: also M <= 8 (the radix-select path)
 THRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")}
 EMIT_FIXED = {"QB": 64}
 TUNED = {"fp32", "bf16"}
@@ -274,6 +311,7 @@ for _mp in MPS:
         KERNELS.append(
             Kernel(name=f"pq_thresh.m{_mp}.q_{_qt}", fn=pq_thresh_kernel, args=_thresh_args(_qt),
                    fixed=dict(THRESH_FIXED, MP=_mp), variants={80: single({}, 8, 1), 90: single({}, 8, 1)}))
+for _mp in EMIT_MPS:
     for _wt in DTYPES:
         KERNELS.append(
             Kernel(name=f"pq_emit.m{_mp}.w_{_wt}", fn=pq_emit_kernel, args=_emit_args(_wt),

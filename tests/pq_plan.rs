@@ -5,9 +5,10 @@
 
 use tritonrt::pq::plan::{
     bucket_capacity, code_capacity, hist_built_for, index_bucket_bytes, index_built_for, plan_step,
-    takes_index, HistFacts, IndexFacts, PlanFacts, RangeFacts, SelectPath, StepKind, StepPlan,
-    AUTO_HIST_MIN_KEYS, AUTO_HIST_MIN_ROWS, AUTO_SPLIT_MIN_KEYS, BULK_QUANTIZE_MIN,
-    COMPANION_FILL_MAX_BYTES, INDEX_BUCKET_BUDGET_BYTES, SHIPPED_EMIT_TILE, SHIPPED_INDEX_TP,
+    range_built_for, takes_index, HistFacts, IndexFacts, PlanFacts, RangeFacts, SelectPath,
+    StepKind, StepPlan, AUTO_HIST_MIN_KEYS, AUTO_HIST_MIN_ROWS, AUTO_SPLIT_MIN_KEYS,
+    BULK_QUANTIZE_MIN, COMPANION_FILL_MAX_BYTES, INDEX_BUCKET_BUDGET_BYTES, SHIPPED_EMIT_TILE,
+    SHIPPED_INDEX_TP,
 };
 use tritonrt::pq::{DType, PqConfig, Shape, Size};
 use tritonrt::Error;
@@ -256,7 +257,7 @@ fn histogram_path_takes_any_number_of_new_keys_quantized_first_beyond_the_minimu
 }
 
 #[test]
-fn split_where_every_heavy_pick_lies_between_sink_and_window() {
+fn split_for_every_row_of_the_histogram_family() {
     let cfg = rcfg();
     let s = 32000;
     let parts = cfg.n_quantized(s).div_ceil(TILE);
@@ -281,7 +282,8 @@ fn split_where_every_heavy_pick_lies_between_sink_and_window() {
         .info();
         assert!(i.hist && i.split && !i.index && !i.companion && i.launches == 2);
     }
-    // each precondition broken in turn: pq_hist instead
+    // rows whose heavy picks reach into the sink or the window split too (pq_emit places
+    // any row); Hist still never splits
     let sink_past_offset = PqConfig {
         sink_size: Size::Count(256),
         ..rcfg()
@@ -301,9 +303,16 @@ fn split_where_every_heavy_pick_lies_between_sink_and_window() {
     ] {
         assert!(!c.is_short(s));
         for path in [SelectPath::Split, SelectPath::Index, SelectPath::Hist] {
+            let want = if path == SelectPath::Hist {
+                StepKind::Hist
+            } else {
+                StepKind::Split {
+                    parts: c.n_quantized(s).div_ceil(TILE),
+                }
+            };
             assert_eq!(
                 kind(&c, shape(1, 32), s, 1, path, &no_index()),
-                StepKind::Hist,
+                want,
                 "{c} S={s} {path:?}"
             );
         }
@@ -349,17 +358,32 @@ fn auto_without_the_indexed_path_by_rows_and_keys() {
     assert_eq!(auto(many, AUTO_HIST_MIN_KEYS - 1), chunked);
     assert_eq!(auto(many, AUTO_HIST_MIN_KEYS), StepKind::Hist);
     assert_eq!(auto(128, 131072 - 128), StepKind::Hist);
-    // few rows where split does not apply: chunked, never pq_hist
-    let no_split = PqConfig {
+    // a heavy pick among the sink positions changes nothing: split with few rows,
+    // pq_hist with many
+    let sink_past_offset = PqConfig {
         sink_size: Size::Count(256),
         ..rcfg()
     };
     assert_eq!(
-        kind(&no_split, shape(1, 32), 40000, 1, SelectPath::Auto, &f),
-        chunked
+        kind(
+            &sink_past_offset,
+            shape(1, 32),
+            40000,
+            1,
+            SelectPath::Auto,
+            &f
+        ),
+        split(40000 - 128)
     );
     assert_eq!(
-        kind(&no_split, shape(1, 64), 40000, 1, SelectPath::Auto, &f),
+        kind(
+            &sink_past_offset,
+            shape(1, 64),
+            40000,
+            1,
+            SelectPath::Auto,
+            &f
+        ),
         StepKind::Hist
     );
     // catch-up: pq_quant first, then the one-key step's kernels
@@ -638,13 +662,17 @@ fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
             "heavy {heavy}, 64 rows: {:?}",
             p.kind
         );
-        // where split does not apply (init_offset < sink): pq_hist
+        // a heavy pick among the sink positions (init_offset < sink): split too
         let io = PqConfig {
             init_offset: 64,
             ..cfg
         };
         let p = plan(&io, sh, s, io.n_quantized(s) - 1, SelectPath::Auto, &facts);
-        assert_eq!(p.kind, StepKind::Hist, "heavy {heavy}, init_offset < sink");
+        assert!(
+            matches!(p.kind, StepKind::Split { .. }),
+            "heavy {heavy}, init_offset < sink: {:?}",
+            p.kind
+        );
         for path in [SelectPath::Hist, SelectPath::Split] {
             let k = plan(&cfg, sh, s, n - 1, path, &facts).kind;
             assert!(k.is_hist() && k != StepKind::Chunked, "{path:?}: {k:?}");
@@ -666,9 +694,9 @@ fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
             SelectPath::Auto,
             &no_hist_chunkless(),
         )
-        .expect_err("K^M > 4096 without the chunked kernel")
+        .expect_err("K^M > 4096 without the chunked or radix-select kernels")
         .to_string();
-        assert!(e.contains("heavy_size") && e.contains("65536"), "{e}");
+        assert!(e.contains("heavy_size") && e.contains("radix-select"), "{e}");
     }
 }
 
@@ -1033,11 +1061,12 @@ fn many_combinations_take_the_radix_select() {
     }
 }
 
-/// Where the split emit does not apply (a heavy pick among the sink positions), a config
-/// with more combinations than the histogram takes falls back to the chunked kernel, and
-/// without it the step is refused naming heavy_size and the reason.
+/// Rows whose heavy picks reach into the sink (init_offset < sink) or the window (fewer
+/// candidates than heavy) take the radix-select path too, whatever the heavy size, and
+/// so do configs with M > 4; only an explicit chunked request without a chunked kernel
+/// for the heavy size is refused, naming heavy_size.
 #[test]
-fn radix_select_outside_the_split_emit_falls_back_or_refuses() {
+fn radix_select_serves_every_row_and_m_above_4() {
     let sh = shape(1, 8);
     let cfg = PqConfig {
         heavy_size: Size::Count(600),
@@ -1047,17 +1076,33 @@ fn radix_select_outside_the_split_emit_falls_back_or_refuses() {
     };
     let s = 8192;
     let n = cfg.n_quantized(s);
-    let e = plan_step(&cfg, &sh, s, n - 1, SelectPath::Auto, &radix(false))
-        .expect_err("no path for heavy 600 with sink > init_offset")
+    for c in [
+        cfg,
+        // fewer candidates than heavy: S - window - init_offset = 2000 < 3000
+        PqConfig {
+            heavy_size: Size::Count(3000),
+            window_size: Size::Count(s - 2000 - 128),
+            ..cfg
+        },
+        // M = 8, bits 4 (K^M = 2^32) and M = 8, bits 1 (K^M = 256, but M > 4)
+        PqConfig {
+            pq_group_factor: 8,
+            pq_bits: 4,
+            ..cfg
+        },
+        PqConfig {
+            pq_group_factor: 8,
+            pq_bits: 1,
+            ..cfg
+        },
+    ] {
+        assert!(range_built_for(&c) && !hist_built_for(&c));
+        let p = plan(&c, sh, s, n - 1, SelectPath::Auto, &radix(false));
+        assert!(matches!(p.kind, StepKind::Range { .. }), "{:?}", p.kind);
+        assert!(!p.bulk_quantize);
+    }
+    let e = plan_step(&cfg, &sh, s, n - 1, SelectPath::Chunked, &radix(false))
+        .expect_err("chunked asked for without a kernel for heavy 600")
         .to_string();
-    assert!(
-        e.contains("heavy_size") && e.contains("between the sink and the window"),
-        "{e}"
-    );
-    let small = PqConfig {
-        heavy_size: Size::Count(300),
-        ..cfg
-    };
-    let p = plan(&small, sh, s, n - 1, SelectPath::Auto, &radix(true));
-    assert_eq!(p.kind, StepKind::Chunked);
+    assert!(e.contains("heavy_size") && e.contains("600"), "{e}");
 }

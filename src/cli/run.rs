@@ -609,10 +609,11 @@ pub enum SelectPathArg {
     /// `pq_select`: the top-k of each chunk of keys, merged by each row's last CTA.
     Chunked,
     /// `pq_hist`: one CTA per row, the threshold from the code-combination histogram,
-    /// then one pass over the row's codes (where K^M <= 4096, M <= 4; else chunked).
+    /// then one pass over the row's codes (where K^M <= 4096, M <= 4; else the
+    /// radix-select split path).
     Hist,
     /// `pq_thresh` + `pq_emit`: the threshold per row, then the emit over many CTAs per
-    /// row (where the heavy picks lie between sink and window; else hist).
+    /// row (where K^M <= 4096, M <= 4; else the radix-select split path).
     Split,
     /// `pq_index`: per-combination buckets of key positions, so the heavy keys are
     /// gathered, not searched for (M <= 2, query dtype = weight dtype; else split); its

@@ -20,8 +20,7 @@
 //!   on a persistent histogram of code combinations (`i32 [B*H, 4096]`, moved by the
 //!   kernel itself from the keys it counted to the step's candidates) and emits in one
 //!   pass over the row (`kernels_triton/pq_hist.py`);
-//! - or, on the same state where every heavy pick lies between sink and window (the usual
-//!   decode step), the split histogram path: `pq_thresh.m<MP>.q_<qt>` finds each row's
+//! - or, on the same state, the split histogram path: `pq_thresh.m<MP>.q_<qt>` finds each row's
 //!   threshold as `pq_hist` does and writes its class bounds, then
 //!   `pq_emit.m<MP>.w_<wt>` spreads each row's pass over `cdiv(n, TILE)` CTAs that
 //!   exchange their counts through per-part flag words (`kernels_triton/pq_split.py`);
@@ -33,6 +32,11 @@
 //!   either from each row's companion CTA in the same launch (few rows of few keys: the
 //!   step is one launch) or from `pq_wfill.w_<wt>` over every SM, `pq_index` being its
 //!   programmatic dependent launch (sm_90; on sm_80 each row CTA writes its own).
+//! - or, for every config the combination histogram does not take (`K^M > 4096` or
+//!   `M > 4`), the radix-select split path: `pq_rlut.q_<qt>` writes the lookup tables,
+//!   three launches of `pq_rround.m<MP>` narrow each row's threshold by histograms over
+//!   the keys' scores, then `pq_emit.m<MP>.w_<wt>` as on the split path
+//!   (`kernels_triton/pq_range.py`).
 //!
 //! The steady-state step allocates nothing, copies nothing between host and device and
 //! never synchronizes. [`LaunchMode::Graph`] captures the step once into a CUDA graph per

@@ -111,7 +111,7 @@ pub(crate) struct SplitKernels {
 
 /// The radix-select split path's kernels (`kernels_triton/pq_range.py`): the threshold
 /// found by rounds of histograms over the keys' scores, for configs with more code
-/// combinations than the combination histogram takes (`K^M > 4096`, `M <= 4`), then the
+/// combinations than the combination histogram takes (`K^M > 4096` or `M > 4`), then the
 /// split path's emit.
 pub(crate) struct RangeKernels {
     /// `pq_rlut.q_<qt>`: the lookup table, one CTA per (row, subvector, tile of
@@ -212,7 +212,7 @@ pub(crate) struct Kernels {
     /// weight dtype).
     pub index: Option<IndexKernels>,
     /// The radix-select split path, where the combination histogram does not apply
-    /// (`K^M > 4096`, `M <= 4`) and its kernels are built.
+    /// (`K^M > 4096` or `M > 4`) and its kernels are built.
     pub range: Option<RangeKernels>,
     pub short: Arc<Kernel>,
     /// `pq_quant.k_<qt>`: a step's new keys, before the select kernel
@@ -309,7 +309,11 @@ impl Kernels {
             (None, None)
         };
         let range = if range_built_for(cfg) {
-            let mp = if m <= 2 { 2 } else { 4 };
+            let mp = match m {
+                ..=2 => 2,
+                3 | 4 => 4,
+                _ => 8,
+            };
             match (
                 rt.default_kernel(&format!("pq_rlut.q_{qt}")),
                 rt.default_kernel(&format!("pq_rround.m{mp}")),

@@ -101,9 +101,8 @@ pub enum SelectPath {
     /// [`PlanFacts::bulk_min`], or any new key that is a candidate, are quantized by
     /// `pq_quant` first); else `pq_select`.
     Hist,
-    /// `pq_thresh` + `pq_emit` whenever they apply (as [`SelectPath::Hist`], and
-    /// `init_offset >= min(sink, S)`, `S - min(window, S) - init_offset >= k`); else as
-    /// [`SelectPath::Hist`].
+    /// `pq_thresh` + `pq_emit` whenever they apply (as [`SelectPath::Hist`]); else
+    /// chunked.
     Split,
     /// `pq_index` wherever it is built and the histogram path applies (as
     /// [`SelectPath::Hist`], `M <= 2`, query dtype = weight dtype, `B*H*S < 2^31`); else
@@ -174,7 +173,7 @@ pub struct IndexFacts {
 }
 
 /// The radix-select split path's kernels built for a config (`pq_rlut`, `pq_rround`,
-/// `pq_emit`: `K^M > 4096`, `M <= 4`).
+/// `pq_emit`: `K^M > 4096` or `M > 4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RangeFacts {
     /// `pq_emit`'s `TILE`: quantized keys per emit CTA (> 0).
@@ -204,7 +203,7 @@ pub struct PlanFacts {
     /// without a kernel for its heavy size is refused.
     pub chunked: Option<usize>,
     /// The radix-select split path's kernels, where built (configs the combination
-    /// histogram does not take: `K^M > 4096`, `M <= 4`).
+    /// histogram does not take: `K^M > 4096` or `M > 4`).
     pub range: Option<RangeFacts>,
 }
 
@@ -222,9 +221,10 @@ pub fn hist_built_for(cfg: &PqConfig) -> bool {
 }
 
 /// Whether the radix-select split path (`pq_rlut`, `pq_rround`, `pq_emit`) is built for
-/// `cfg`: where the histogram family is not ([`hist_built_for`]) and `M <= 4`.
+/// `cfg`: wherever the histogram family is not ([`hist_built_for`]: `K^M > 4096` or
+/// `M > 4`), so one of the two serves every config.
 pub fn range_built_for(cfg: &PqConfig) -> bool {
-    !hist_built_for(cfg) && cfg.m() <= 4
+    !hist_built_for(cfg)
 }
 
 /// `pq_rround`'s `TILE` in the shipped kernel set's sm_90 defaults (checked as
@@ -452,23 +452,11 @@ pub fn plan_step(
     if kind == StepKind::Chunked && !chunked {
         let why = if path == SelectPath::Chunked {
             "--select-path chunked was asked for".to_string()
-        } else if facts.range.is_some() {
-            format!(
-                "the radix-select path needs every heavy pick between the sink and the window \
-                 (init_offset >= sink and S - window - init_offset >= heavy; here init_offset = {}, \
-                 sink = {}, S = {s}, window = {})",
-                cfg.init_offset,
-                cfg.sink_eff(s),
-                cfg.window_eff(s)
-            )
         } else {
-            format!(
-                "the histogram kernels take K^M <= 4096 and M <= 4 (K^M = {}, M = {})",
-                cfg.k_centroids()
-                    .checked_pow(cfg.m() as u32)
-                    .map_or("> 2^64".into(), |c| c.to_string()),
-                cfg.m()
-            )
+            // a kernel cache built before the radix-select path existed
+            "the kernel cache has neither the histogram nor the radix-select kernels for \
+             this config"
+                .to_string()
         };
         let size = if cfg.heavy_size.is_ratio() {
             format!("{heavy} (heavy_size {} at S = {s})", cfg.heavy_size)
@@ -535,16 +523,11 @@ fn hist_kind(
     let rows = shape.b * shape.h;
     let n = cfg.n_quantized(s);
     let w0 = cfg.window_start(s);
-    // the split emit's preconditions: every heavy pick between sink and window
-    let split_applies = cfg.init_offset >= cfg.sink_eff(s)
-        && s - cfg.window_eff(s) >= cfg.init_offset
-        && w0 >= cfg.heavy_k(s);
     let Some(hist) = facts.hist else {
-        // more combinations than the combination histogram takes: the radix select,
-        // wherever the split emit applies (measured against pq_select: NOTES.md, "the
-        // radix-select split path")
+        // more combinations than the combination histogram takes, or M > 4: the radix
+        // select (measured against pq_select: NOTES.md, "the radix-select split path")
         let rf = facts.range?;
-        return (path != SelectPath::Chunked && split_applies).then(|| StepKind::Range {
+        return (path != SelectPath::Chunked).then(|| StepKind::Range {
             parts: n.div_ceil(rf.emit_tile),
             level_parts: w0.div_ceil(rf.level_tile).max(1),
         });
@@ -592,17 +575,17 @@ fn hist_kind(
         SelectPath::Split
         | SelectPath::Index
         | SelectPath::IndexCompanion
-        | SelectPath::IndexWfill => (true, split_applies),
+        | SelectPath::IndexWfill => (true, true),
         // measured on the H100 (NOTES.md, "the histogram path split in two launches"
         // through "a leaner split emit"): split wins with fewer rows than SMs (reference:
         // 25.3 vs 32.9 us wall for pq_select, 34.7 for pq_hist), pq_hist with 128 rows of
         // 131k keys (large: 82.6 vs 85.0 us split)
         // many heavy picks, or no chunked kernel for this heavy size: the histogram
-        // family whatever the shape, split wherever it applies (faster than pq_hist with
-        // many picks at 32 and at 128 rows, see above)
-        SelectPath::Auto if many_picks || !chunked => (true, split_applies),
+        // family whatever the shape, split (faster than pq_hist with many picks at 32 and
+        // at 128 rows, see above)
+        SelectPath::Auto if many_picks || !chunked => (true, true),
         SelectPath::Auto => {
-            let split = split_applies && rows < AUTO_HIST_MIN_ROWS && n >= AUTO_SPLIT_MIN_KEYS;
+            let split = rows < AUTO_HIST_MIN_ROWS && n >= AUTO_SPLIT_MIN_KEYS;
             (
                 split || (rows >= AUTO_HIST_MIN_ROWS && n >= AUTO_HIST_MIN_KEYS),
                 split,
