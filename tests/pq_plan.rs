@@ -696,7 +696,10 @@ fn heavy_above_512_takes_the_histogram_family_or_is_refused() {
         )
         .expect_err("K^M > 4096 without the chunked or radix-select kernels")
         .to_string();
-        assert!(e.contains("heavy_size") && e.contains("radix-select"), "{e}");
+        assert!(
+            e.contains("heavy_size") && e.contains("radix-select"),
+            "{e}"
+        );
     }
 }
 
