@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use tritonrt::driver::{Device, DeviceBuf};
-use tritonrt::pq::gpu::{DeviceTensorRef, GpuIndexer, LaunchMode, StepOutputs};
+use tritonrt::pq::gpu::{DeviceTensorRef, GpuIndexer, KernelChoice, LaunchMode, StepOutputs};
 use tritonrt::pq::{DType, PqConfig, Shape};
 use tritonrt::runtime::Runtime;
 
@@ -97,7 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         shape,
         &centroids,
         None::<&CudaSlice<f32>>,
-        None,
+        &KernelChoice::new(),
     )?;
     ix.import_codes_on_device(&codes, n0)?;
     let q_ref = DeviceTensorRef::new(
@@ -125,7 +125,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         shape,
         &centroids_h,
         None,
-        None,
+        &KernelChoice::new(),
     )?;
     reference.import_codes(&codes_h, n0)?;
     let ref_keys = ref_stream.clone_htod(&keys_h)?;

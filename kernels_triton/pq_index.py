@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kspec import Kernel, i32, i64, ptr, single
+from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import _lut_tile, _rank_score, _row_dots
 from pq_hist import (DTYPES, FIXED as HIST_FIXED, INTERPRETED, _combo_scores, _combos, _head_lut, _quantize_cta,
                      _red_add_max, _rounds, _row_ids, _row_pass, _row_sizes, _stamp, _store_stamps)
@@ -502,13 +502,27 @@ def _args(t):
 #: 56 registers) share an SM's 65536 only at <= 224 (unbounded, the build chose 246 and
 #: the large workload's step went from 46-47 to 51-52 us: NOTES.md, "`pq_index` selects by cuts and sorts")
 INDEX_MAXNREG = 224
+#: dtypes whose sm_90 pq_index also gets a TILE=8192 variant for the autotuner (TILE is the
+#: fallback pass's tile, `_row_pass`: pq_hist's fastest with M <= 2 was 8192): fp32 (the
+#: reference workload's step is pq_index alone) and bf16
+TUNED_INDEX = ("fp32", "bf16")
+
+
+def _index_variants(t):
+    d90 = {"TILE": 4096, "PDL": 1}
+    v90 = grid(d90, 8, 1, TILE=(4096, 8192), PDL=(1, )) if t in TUNED_INDEX else single(d90, 8, 1)
+    return {80: single({"TILE": 4096, "PDL": 0}, 8, 1), 90: v90}
+
+
 KERNELS = []
 for _t in DTYPES:
     KERNELS.append(
         Kernel(name=f"pq_index.m2.q_{_t}.w_{_t}", fn=pq_index_kernel, args=_args(_t), fixed=dict(INDEX_FIXED, MP=2),
-               variants={80: single({"TILE": 4096, "PDL": 0}, 8, 1), 90: single({"TILE": 4096, "PDL": 1}, 8, 1)},
-               maxnreg=INDEX_MAXNREG))
+               variants=_index_variants(_t), maxnreg=INDEX_MAXNREG))
+    # sm_90: 4 warps (default) and 8 warps per fill CTA for the autotuner (8 warps may leave
+    # no room for a pq_index CTA beside it: the tuner times that)
     KERNELS.append(
         Kernel(name=f"pq_wfill.w_{_t}", fn=pq_wfill_kernel,
                args=(ptr("w_ptr", _t), i32("rows"), i32("S"), i32("sink"), i32("window")),
-               fixed={"FT": 2048}, variants={80: single({"TRIGGER": 0}, 4, 1), 90: single({"TRIGGER": 1}, 4, 1)}))
+               fixed={"FT": 2048}, variants={80: single({"TRIGGER": 0}, 4, 1),
+                                             90: grid({"TRIGGER": 1}, 4, 1, num_warps=(4, 8), TRIGGER=(1, ))}))

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use tritonrt::driver::{Device, DeviceBuf};
-use tritonrt::pq::gpu::{GpuIndexer, LaunchMode, StepOutputs};
+use tritonrt::pq::gpu::{GpuIndexer, KernelChoice, LaunchMode, StepOutputs};
 use tritonrt::pq::shard_plan::ShardPlan;
 use tritonrt::pq::sharded::{ShardInput, ShardedIndexer};
 use tritonrt::pq::{check, DType, Metric, PqConfig, PqInputs, PqOutput, Shape};
@@ -107,7 +107,7 @@ fn run_case(
         shape,
         &inputs.centroids,
         inputs.phi.as_deref(),
-        None,
+        &KernelChoice::manifest_defaults(),
     )
     .unwrap();
     assert_eq!(ix.ordinals(), ords);
@@ -321,7 +321,7 @@ fn nothing_of_one_device_is_handed_to_the_other() {
         shape,
         &inputs.centroids,
         None,
-        None,
+        &KernelChoice::manifest_defaults(),
     )
     .err()
     .expect("an indexer of device 0 on a stream of device 1 must be refused");
@@ -368,7 +368,7 @@ fn nothing_of_one_device_is_handed_to_the_other() {
         shape,
         &inputs.centroids,
         None,
-        None,
+        &KernelChoice::manifest_defaults(),
     )
     .err()
     .expect("swapped streams must be refused");
@@ -383,7 +383,7 @@ fn nothing_of_one_device_is_handed_to_the_other() {
         shape,
         &inputs.centroids,
         None,
-        None,
+        &KernelChoice::manifest_defaults(),
     )
     .unwrap();
     let (k0, k1) = (ix.shards()[0].kernels(), ix.shards()[1].kernels());

@@ -15,10 +15,23 @@ mod common;
 use std::sync::Arc;
 
 use tritonrt::pq::gpu::{
-    execute_with_path, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, BULK_QUANTIZE_MIN,
+    execute_with_path, DeviceInputs, GpuIndexer, KernelChoice, LaunchMode, SelectPath,
+    BULK_QUANTIZE_MIN,
 };
 use tritonrt::pq::{check, DType, Metric, PqConfig, PqInputs, Shape};
 use tritonrt::runtime::Runtime;
+
+/// The manifest defaults with `pq_quant` variant `id` (when given) in place of its
+/// kernel's default: an id of `pq_quant.k_<qt>` alone also serves aligned keys.
+fn quant_choice(rt: &Runtime, id: Option<&str>) -> KernelChoice {
+    let base = KernelChoice::manifest_defaults();
+    match id {
+        Some(id) => base
+            .with_variant_id(rt.store(), id)
+            .expect("a variant of the manifest"),
+        None => base,
+    }
+}
 
 fn runtime() -> Option<Arc<Runtime>> {
     common::gpu_runtime("multi-token GPU tests")
@@ -138,7 +151,14 @@ fn gpu_multi_token_steps_match_cpu_reference() {
                         n0
                     );
                     let ex = match execute_with_path(
-                        &rt, &case.cfg, &inputs, None, path, bulk_min, None, 0, false,
+                        &rt,
+                        &case.cfg,
+                        &inputs,
+                        &KernelChoice::manifest_defaults(),
+                        path,
+                        bulk_min,
+                        0,
+                        false,
                     ) {
                         Ok(ex) => ex,
                         Err(e) => {
@@ -220,10 +240,9 @@ fn gpu_every_pq_quant_variant_matches_cpu_reference() {
                     &rt,
                     &case.cfg,
                     &inputs,
-                    None,
+                    &quant_choice(&rt, Some(id)),
                     SelectPath::Auto,
                     Some(0),
-                    Some(id),
                     0,
                     false,
                 ) {
@@ -305,10 +324,9 @@ fn gpu_bulk_quantize_of_non_finite_keys() {
             &rt,
             &cfg,
             &inputs,
-            None,
+            &quant_choice(&rt, id.as_deref()),
             path,
             Some(0),
-            id.as_deref(),
             0,
             false,
         )
@@ -360,7 +378,7 @@ fn gpu_graph_decode_loop_with_varying_new_keys() {
             shape,
             &inputs.centroids,
             None,
-            None,
+            &KernelChoice::manifest_defaults(),
         )
         .expect("indexer");
         ix.set_select_path(path);

@@ -15,7 +15,7 @@ mod common;
 use std::sync::Arc;
 
 use tritonrt::pq::gpu::{
-    execute_with_path, DeviceInputs, GpuIndexer, LaunchMode, SelectPath, StepInfo,
+    execute_with_path, DeviceInputs, GpuIndexer, KernelChoice, LaunchMode, SelectPath, StepInfo,
 };
 use tritonrt::pq::{
     check, check_exact, CheckReport, DType, Metric, PqConfig, PqInputs, Shape, Size,
@@ -244,7 +244,14 @@ fn gpu_pipeline_matches_cpu_reference() {
         ] {
             let t = std::time::Instant::now();
             let ex = match execute_with_path(
-                &rt, &case.cfg, &inputs, None, path, None, None, 0, false,
+                &rt,
+                &case.cfg,
+                &inputs,
+                &KernelChoice::manifest_defaults(),
+                path,
+                None,
+                0,
+                false,
             ) {
                 Ok(ex) => ex,
                 Err(e) => {
@@ -394,7 +401,7 @@ fn imported_indexer_seeded(
         shape,
         &inputs.centroids,
         None,
-        None,
+        &KernelChoice::manifest_defaults(),
     )
     .expect("indexer");
     ix.set_select_path(path);
@@ -710,13 +717,28 @@ fn gpu_engine_api_checks_device_inputs() {
     let cent: CudaSlice<f32> = stream.clone_htod(&inputs.centroids).unwrap();
     let short: CudaSlice<f32> = stream.clone_htod(&inputs.centroids[1..]).unwrap();
     let none = None::<&CudaSlice<f32>>;
-    let e = GpuIndexer::new_on_device(rt.clone(), stream.clone(), cfg, shape, &short, none, None)
-        .err()
-        .expect("short centroids refused");
+    let e = GpuIndexer::new_on_device(
+        rt.clone(),
+        stream.clone(),
+        cfg,
+        shape,
+        &short,
+        none,
+        &KernelChoice::manifest_defaults(),
+    )
+    .err()
+    .expect("short centroids refused");
     assert!(e.to_string().contains("pq_centroids"), "{e}");
-    let mut ix =
-        GpuIndexer::new_on_device(rt.clone(), stream.clone(), cfg, shape, &cent, none, None)
-            .expect("indexer");
+    let mut ix = GpuIndexer::new_on_device(
+        rt.clone(),
+        stream.clone(),
+        cfg,
+        shape,
+        &cent,
+        none,
+        &KernelChoice::manifest_defaults(),
+    )
+    .expect("indexer");
     let mut bad_codes = inputs.codes.clone();
     bad_codes[17] = 64; // K = 64
     bad_codes[99] = -1;
@@ -862,7 +884,18 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
             SelectPath::IndexWfill,
             SelectPath::IndexCompanion,
         ] {
-            let run = || execute_with_path(&rt, &cfg, &x, None, path, None, None, 0, false);
+            let run = || {
+                execute_with_path(
+                    &rt,
+                    &cfg,
+                    &x,
+                    &KernelChoice::manifest_defaults(),
+                    path,
+                    None,
+                    0,
+                    false,
+                )
+            };
             let (a, b) = match (run(), run()) {
                 (Ok(a), Ok(b)) => (a, b),
                 (Err(e), _) | (_, Err(e)) => {
@@ -990,8 +1023,17 @@ fn checked_step(
     what: &str,
     ran_as: impl Fn(&tritonrt::pq::gpu::Execution) -> bool,
 ) -> Result<bool, String> {
-    let ex = execute_with_path(rt, cfg, x, None, path, None, None, 0, false)
-        .map_err(|e| e.to_string())?;
+    let ex = execute_with_path(
+        rt,
+        cfg,
+        x,
+        &KernelChoice::manifest_defaults(),
+        path,
+        None,
+        0,
+        false,
+    )
+    .map_err(|e| e.to_string())?;
     let report = if exact {
         check_exact(cfg, x, &ex.output)
     } else {

@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::Arc;
 
-use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, KernelChoice, LaunchMode};
 use tritonrt::pq::prefill::{
     check as pcheck, reference, DeviceKeys, GpuPrefill, KmeansInit, PrefillCheckMode,
     PrefillConfig, PrefillInputs, PrefillShape,
@@ -270,8 +270,14 @@ fn prefill_then_decode_matches_reference() {
             },
         );
         assert!(report.passed(), "prefill {metric}: {report}");
-        let mut ix =
-            GpuIndexer::from_prefill(rt.clone(), dcfg, dshape, res, None).expect("from_prefill");
+        let mut ix = GpuIndexer::from_prefill(
+            rt.clone(),
+            dcfg,
+            dshape,
+            res,
+            &KernelChoice::manifest_defaults(),
+        )
+        .expect("from_prefill");
         assert_eq!(ix.n_cached(), pc.n(s_p));
         let dev = DeviceInputs::upload(
             ix.stream(),

@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use tritonrt::pq::check::{CheckMode, CheckOptions};
-use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, KernelChoice, LaunchMode};
 use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedOutput};
 use tritonrt::pq::{DType, PqConfig, PqInputs, Shape, Size};
 use tritonrt::runtime::Runtime;
@@ -57,7 +57,7 @@ fn setup(rt: &Arc<Runtime>, c: &PqConfig, x: &RaggedInputs) -> (GpuIndexer, Devi
         i.shape,
         &i.centroids,
         i.phi.as_deref(),
-        None,
+        &KernelChoice::manifest_defaults(),
     )
     .expect("indexer");
     ix.import_codes(&i.codes, i.n_cached).expect("import");
@@ -122,8 +122,16 @@ fn equal_lengths_match_the_fixed_step_bit_for_bit() {
         let x = PqInputs::small_integer(&c, sh, n, seed()).expect("inputs");
         // the fixed step
         let stream = rt.device().new_stream().expect("stream");
-        let mut fx = GpuIndexer::new(rt.clone(), stream.clone(), c, sh, &x.centroids, None, None)
-            .expect("indexer");
+        let mut fx = GpuIndexer::new(
+            rt.clone(),
+            stream.clone(),
+            c,
+            sh,
+            &x.centroids,
+            None,
+            &KernelChoice::manifest_defaults(),
+        )
+        .expect("indexer");
         fx.import_codes(&x.codes, n).expect("import");
         let fdev = DeviceInputs::upload(&stream, &x, &c).expect("upload");
         fx.step(fdev.query(), fdev.key(), sh.s, LaunchMode::Launch)

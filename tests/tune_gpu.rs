@@ -16,9 +16,13 @@
 //! - the winner and the default against CPU f64 references on fresh inputs: v6 scores
 //!   (NaN-poisoned outputs, odd `n`, an MQA stride-0 centroid view) and whole decode
 //!   steps by the spec's check;
-//! - `tuned_select_variant` returns the winner (when it is not the default), a crafted
-//!   entry's non-default winner, nothing for a stale entry and nothing (one warning) for
-//!   a corrupt table.
+//! - the indexer runs and reports the table's choice: the tuned select winner, a crafted
+//!   entry's non-default winner (origin `table`), the default for a stale entry and for a
+//!   corrupt table (origin `default`);
+//! - one step kernel (`pq_emit` of a small radix-select step) tuned into a table file:
+//!   the entry's winner is the variant the indexer then launches and reports (origin
+//!   `table`), a crafted non-default winner likewise, an override wins over the table,
+//!   and every such step passes the spec's check.
 
 #[macro_use]
 mod common;
@@ -31,10 +35,12 @@ use rand::{Rng, SeedableRng};
 use tritonrt::abi::KernelArg;
 use tritonrt::artifact::ArtifactStore;
 use tritonrt::driver::Kernel;
-use tritonrt::pq::gpu::{execute, open_runtime, select_kernel_name};
+use tritonrt::pq::gpu::{
+    execute_with_path, open_runtime, select_kernel_name, KernelChoice, SelectPath, VariantChoice,
+    VariantOrigin,
+};
 use tritonrt::pq::tune::{
-    candidate_set, device_key, gpu_targets, gpu_targets_on, tuned_select_variant,
-    tuned_select_variant_in, GpuRequest, SCORE_V6,
+    candidate_set, device_key, gpu_targets, gpu_targets_on, GpuRequest, StepWorkload, SCORE_V6,
 };
 use tritonrt::pq::Workload;
 use tritonrt::pq::{check, PqInputs};
@@ -109,10 +115,17 @@ fn candidate_sets_of_the_pq_kernels() {
         return;
     }
     let names = tritonrt::pq::tune::tunable_kernels(&store);
-    for w in [Workload::reference(), Workload::large()] {
-        for k in tritonrt::pq::tune::default_kernels(&w).unwrap() {
-            assert!(names.contains(&k), "{k} not in {names:?}");
-        }
+    for k in [
+        "pq_emit.m2.w_bf16",
+        "pq_rround.m2",
+        "pq_rlut.q_bf16",
+        "pq_thresh.m2.q_bf16",
+        "pq_index.m2.q_fp32.w_fp32",
+        "pq_wfill.w_fp32",
+        "pq_quant.a16.k_bf16",
+        "pq_select.h128.q_fp32.w_fp32",
+    ] {
+        assert!(names.iter().any(|n| n == k), "{k} not in {names:?}");
     }
     for k in &names {
         let set = candidate_set(&store, k, (9, 0)).unwrap();
@@ -139,8 +152,10 @@ fn gpu_targets_without_a_usable_device_is_tune_no_device() {
         device: 999,
         ptx_cache: fixtures().join("ptx_cache"),
         kernels: vec![SCORE_V6.into()],
-        workloads: vec![Workload::reference()],
+        workloads: vec![Workload::reference().into()],
         seed: 1,
+        new_keys: 1,
+        table: None,
     };
     match gpu_targets(&req) {
         Err(Error::TuneNoDevice { reason }) => {
@@ -334,8 +349,10 @@ fn autotune_small_workload_on_gpu() {
         device: 0,
         ptx_cache: ptx.clone(),
         kernels: vec![SCORE_V6.to_string(), "pq_select".to_string()],
-        workloads: vec![w.clone()],
+        workloads: vec![w.clone().into()],
         seed,
+        new_keys: 1,
+        table: None,
     };
     let session = gpu_targets_on(rt.clone(), &req).unwrap();
     assert_eq!(session.targets.len(), 2);
@@ -394,21 +411,38 @@ fn autotune_small_workload_on_gpu() {
         seed ^ 0xfeed,
     )
     .unwrap();
+    // the chunked path (where pq_select runs), the table consulted as the runtime does
+    let run = |choice: &KernelChoice| {
+        let ex = execute_with_path(
+            &rt,
+            &cfg,
+            &inputs,
+            choice,
+            SelectPath::Chunked,
+            None,
+            0,
+            false,
+        )
+        .unwrap();
+        assert!(ex.graph_matches, "graph replay differs");
+        let report = check(&cfg, &inputs, &ex.output);
+        assert!(report.passed(), "{:?}: {report}", ex.kernels);
+        let k = reported(&ex.kernels, &select);
+        assert_eq!(ex.select_variant, k.variant);
+        (k, ex.output)
+    };
     let mut outs = Vec::new();
     for id in [&sel.winner, &sel.default_variant] {
-        let ex = execute(&rt, &cfg, &inputs, Some(id), 0, false).unwrap();
-        assert_eq!(&ex.select_variant, id);
-        assert!(ex.graph_matches, "{id}: graph replay differs");
-        let report = check(&cfg, &inputs, &ex.output);
-        assert!(report.passed(), "{id}: {report}");
-        outs.push(ex.output);
+        let (k, out) = run(&KernelChoice::manifest_defaults().with_variant(&select, id));
+        assert_eq!((&k.variant, k.origin), (id, VariantOrigin::Override));
+        outs.push(out);
     }
     assert_eq!(outs[0].sparse_len, outs[1].sparse_len);
     assert_eq!(outs[0].codes, outs[1].codes);
 
-    // the launch-time lookup
-    let want = (sel.winner != sel.default_variant).then(|| sel.winner.clone());
-    assert_eq!(tuned_select_variant(&rt, &cfg, &shape), want);
+    // the launch-time lookup: the runtime's table ($TRITONRT_CACHE_DIR/tuning.json)
+    let (k, _) = run(&KernelChoice::new());
+    assert_eq!((&k.variant, k.origin), (&sel.winner, VariantOrigin::Table));
     let other = sel
         .timings
         .iter()
@@ -419,24 +453,184 @@ fn autotune_small_workload_on_gpu() {
         crafted.winner = other.clone();
         let mut t = TuningTable::new();
         t.insert(crafted.clone()).unwrap();
-        assert_eq!(
-            tuned_select_variant_in(&t, &rt, &cfg, &shape),
-            Some(other.clone())
-        );
-        // another bucket (4x the keys) has no entry
-        let far = tritonrt::pq::Shape {
-            s: shape.s * 4,
-            ..shape
-        };
-        assert_eq!(tuned_select_variant_in(&t, &rt, &cfg, &far), None);
+        let (k, _) = run(&KernelChoice::new().with_table(Arc::new(t)));
+        assert_eq!((&k.variant, k.origin), (&other, VariantOrigin::Table));
         let mut stale = crafted;
         stale.kernel_hash = "0".repeat(64);
         let mut t = TuningTable::new();
         t.insert(stale).unwrap();
-        assert_eq!(tuned_select_variant_in(&t, &rt, &cfg, &shape), None);
+        let (k, _) = run(&KernelChoice::new().with_table(Arc::new(t)));
+        assert_eq!(
+            (&k.variant, k.origin),
+            (&sel.default_variant, VariantOrigin::Default)
+        );
     } else {
         eprintln!("note: {select} has a single timed variant; crafted-entry lookup not run");
     }
     std::fs::write(&table_path, b"{ not json").unwrap();
-    assert_eq!(tuned_select_variant(&rt, &cfg, &shape), None);
+    let (k, _) = run(&KernelChoice::new().with_table_file(&table_path));
+    assert_eq!(
+        (&k.variant, k.origin),
+        (&sel.default_variant, VariantOrigin::Default)
+    );
+}
+
+/// The entry of `kernel` in a step's kernel report (it must be there).
+fn reported(kernels: &[VariantChoice], kernel: &str) -> VariantChoice {
+    kernels
+        .iter()
+        .find(|k| k.kernel == kernel)
+        .unwrap_or_else(|| panic!("{kernel} not among the step's kernels {kernels:?}"))
+        .clone()
+}
+
+/// One step kernel tuned on a small radix-select step (bf16, M=2, bits=8): the step
+/// launches pq_rlut, pq_rround and pq_emit; pq_emit (TILE x warps variants) is tuned into
+/// a table file, then the indexer launches and reports the table's choice.
+#[test]
+fn tune_one_step_kernel_reports_and_uses_it() {
+    let ptx = ptx_cache();
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = match open_runtime(0, &ptx) {
+        Ok(Ok(rt)) => rt,
+        Ok(Err(why)) => {
+            skip!("tune_one_step_kernel_reports_and_uses_it: no CUDA device: {why}");
+            return;
+        }
+        Err(e) => {
+            skip!(
+                "tune_one_step_kernel_reports_and_uses_it: no usable ptx_cache at {} ({e})",
+                ptx.display()
+            );
+            return;
+        }
+    };
+    let emit = "pq_emit.m2.w_bf16";
+    let cc = rt.device().cc();
+    if candidate_set(rt.store(), emit, cc).map_or(true, |c| c.candidates().len() < 2) {
+        skip!("tune_one_step_kernel_reports_and_uses_it: {emit} has fewer than 2 variants here");
+        return;
+    }
+    let seed = fresh_seed();
+    let w = StepWorkload {
+        name: "small-m2b8".into(),
+        cfg: tritonrt::pq::matrix::practical_config(2, 8, 700),
+        shape: tritonrt::pq::Shape {
+            b: 1,
+            h: 8,
+            h_kv: 2,
+            s: 8192 + (seed % 512) as usize,
+            d: 128,
+        },
+    };
+    let (cfg, shape) = (w.cfg, w.shape);
+    eprintln!(
+        "step-kernel tuning test on {}: {w}, seed {seed}",
+        rt.device().name()
+    );
+    let table_path = tmp.path().join("tuning.json");
+    let req = GpuRequest {
+        device: 0,
+        ptx_cache: ptx.clone(),
+        kernels: vec![],
+        workloads: vec![w.clone()],
+        seed,
+        new_keys: 1,
+        table: Some(table_path.clone()),
+    };
+    let session = gpu_targets_on(rt.clone(), &req).unwrap();
+    let kernels: Vec<String> = session
+        .targets
+        .iter()
+        .map(|t| t.candidates().kernel().to_string())
+        .collect();
+    for n in &session.notes {
+        eprintln!("note: {n}");
+    }
+    assert!(kernels.iter().any(|k| k == emit), "tuned: {kernels:?}");
+    let settings = TuneSettings {
+        warmup: 2,
+        repeats: 8,
+        launches_per_sample: 3,
+        rounds: 2,
+        progress: false,
+        ..TuneSettings::default()
+    };
+    let mut entry = None;
+    for mut target in session.targets {
+        if target.candidates().kernel() != emit {
+            continue;
+        }
+        let ids: Vec<String> = target
+            .candidates()
+            .candidates()
+            .iter()
+            .map(|c| c.id.clone())
+            .collect();
+        let e = tune(target.as_mut(), &session.device, &settings).unwrap();
+        eprint!("{}", tritonrt::tune::render_report(&e));
+        check_entry(&e, &ids);
+        let mut one = TuningTable::new();
+        one.insert(e.clone()).unwrap();
+        one.save_merged(&table_path).unwrap();
+        entry = Some(e);
+    }
+    let entry = entry.unwrap();
+
+    let inputs = PqInputs::random(
+        &cfg,
+        shape,
+        PqInputs::default_n_cached(&cfg, shape.s),
+        seed ^ 0xbeef,
+    )
+    .unwrap();
+    let run = |choice: &KernelChoice| {
+        let ex = execute_with_path(&rt, &cfg, &inputs, choice, SelectPath::Auto, None, 0, false)
+            .unwrap();
+        assert!(ex.range_path, "the radix-select step ran: {:?}", ex.kind);
+        assert!(ex.graph_matches, "graph replay differs");
+        let report = check(&cfg, &inputs, &ex.output);
+        assert!(report.passed(), "{:?}: {report}", ex.kernels);
+        for k in ["pq_rlut.q_bf16", "pq_rround.m2", emit] {
+            reported(&ex.kernels, k);
+        }
+        reported(&ex.kernels, emit)
+    };
+    // the tuned winner runs, from the table (the default too when it won)
+    let k = run(&KernelChoice::new().with_table_file(&table_path));
+    assert_eq!(
+        (&k.variant, k.origin),
+        (&entry.winner, VariantOrigin::Table)
+    );
+    // a crafted entry's other variant runs (and is reported as the table's)
+    if let Some(other) = entry.timings.iter().find(|t| t.id != entry.winner) {
+        let mut crafted = entry.clone();
+        crafted.winner = other.id.clone();
+        let mut t = TuningTable::new();
+        t.insert(crafted).unwrap();
+        let t = Arc::new(t);
+        let k = run(&KernelChoice::new().with_table(t.clone()));
+        assert_eq!((&k.variant, k.origin), (&other.id, VariantOrigin::Table));
+        // an override wins over the table
+        let k = run(&KernelChoice::new()
+            .with_table(t)
+            .with_variant(emit, &entry.default_variant));
+        assert_eq!(
+            (&k.variant, k.origin),
+            (&entry.default_variant, VariantOrigin::Override)
+        );
+    }
+    // no table: the manifest default
+    let k = run(&KernelChoice::manifest_defaults());
+    assert_eq!(
+        (&k.variant, k.origin),
+        (&entry.default_variant, VariantOrigin::Default)
+    );
+    // an override of a kernel this config does not load is refused, naming it
+    let bad = KernelChoice::manifest_defaults()
+        .with_variant("pq_hist.m2.q_bf16.w_bf16", "pq_hist.m2.q_bf16.w_bf16.x");
+    let e = execute_with_path(&rt, &cfg, &inputs, &bad, SelectPath::Auto, None, 0, false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pq_hist.m2.q_bf16.w_bf16"), "{e}");
 }

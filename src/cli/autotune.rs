@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::{EXIT_ERROR, EXIT_OK};
-use tritonrt::pq::tune::GpuRequest;
-use tritonrt::pq::Workload;
+use tritonrt::pq::tune::{default_workloads, GpuRequest, StepWorkload};
 use tritonrt::tune::{self, TuneSettings, TuningTable};
 
 /// Arguments of `tritonrt autotune`.
@@ -15,6 +14,12 @@ use tritonrt::tune::{self, TuneSettings, TuningTable};
 #[command(
     after_help = "Time every compiled variant of each kernel on this GPU for the shape \
 buckets of the given workloads, and persist the winners in the tuning table.\n\n\
+With no --kernel, each workload tunes the kernels its decode step launches that have more \
+than one variant (selection, quantize, weight fill), one after the other: each variant is \
+timed as a whole decode step (CUDA-graph replay) with the other kernels at their current \
+choice, so a kernel tuned later runs beside the winners found before it. With no \
+--workload, the practical workloads (practical-m2b6, practical-m2b8, practical-m4b8) and \
+the reference workload are tuned.\n\n\
 For each kernel and bucket the manifest's default variant is timed and is the correctness \
 oracle: a variant that fails to launch or whose output differs from the default's is \
 reported and excluded, never chosen. The winner is the lowest median time (CUDA events, \
@@ -26,26 +31,38 @@ default; stale entries (kernel, variants or driver changed) are ignored.\n\n\
 Table operations need no GPU: with --import and/or --export (or --show) nothing is tuned \
 unless --tune is also given. Order: import, tune, export, show.\n\n\
 Examples:\n  \
-tritonrt autotune                                     # tune reference and large\n  \
+tritonrt autotune                                     # the practical and reference steps\n  \
+tritonrt autotune --workload practical-m2b8           # one practical step's kernels\n  \
+tritonrt autotune --workload practical-m2b6 --new-keys 4096   # pq_quant too\n  \
 tritonrt autotune --kernel pq_score_kernel_v6 --workload 2,32,8,65536,128\n  \
 tritonrt autotune --kernel pq_select --workload large --repeats 40\n  \
 tritonrt autotune --tune --export deploy/tuning.json  # tune, then ship the table\n  \
 tritonrt autotune --import deploy/tuning.json --show  # on the target machine"
 )]
 pub struct AutotuneArgs {
-    /// Logical kernel to tune (repeatable): `pq_score_kernel_v6`,
-    /// `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, `pq_score_lut.q_<qt>`; shorthands `pq_select`
-    /// (the workload's select kernel, fp32) and `pq_score_lut` (`q_fp32`). Default: those
-    /// three for each workload.
+    /// Logical kernel to tune (repeatable): a kernel of the workload's decode step
+    /// (`pq_emit.m2.w_bf16`, `pq_rround.m2`, `pq_index.m2.q_fp32.w_fp32`,
+    /// `pq_quant.a16.k_bf16`, `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, ...; timed under the
+    /// select path that launches it), `pq_score_kernel_v6` or `pq_score_lut.q_<qt>`;
+    /// shorthands `pq_select` (the workload's select kernel) and `pq_score_lut`
+    /// (`q_fp32`). Default: every kernel of each workload's step with more than one
+    /// variant.
     #[arg(long = "kernel", value_name = "NAME")]
     pub kernels: Vec<String>,
 
-    /// Workload whose shape buckets to tune (repeatable): `reference`, `large`, or
-    /// `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (the rest as in the reference workload; heavy a
-    /// count, or a ratio of S written with a decimal point: 0.1 is floor(0.1 * S)).
-    /// Default: reference and large.
+    /// Workload whose shape buckets to tune (repeatable): a row of the bench matrix
+    /// (`practical-m2b6`, `practical-m2b8`, `practical-m4b8`: bf16, heavy 0.0921875 S;
+    /// `practical-large`, `heavy-512`, ...), `reference`, `large`, or
+    /// `B,H,H_kv,S,D[,M[,bits[,heavy]]]` (fp32, the rest as in the reference workload;
+    /// heavy a count, or a ratio of S written with a decimal point: 0.1 is floor(0.1 * S)).
+    /// Default: practical-m2b6, practical-m2b8, practical-m4b8 and reference.
     #[arg(long = "workload", value_name = "SPEC")]
-    pub workloads: Vec<Workload>,
+    pub workloads: Vec<StepWorkload>,
+
+    /// New keys per decode step when tuning the step's kernels: 1 is a decode step; more
+    /// run `pq_quant` first, which is then tuned too.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub new_keys: usize,
 
     /// Timed samples per variant (each the mean of --launches-per-sample launches).
     #[arg(long, value_name = "N", default_value_t = 100)]
@@ -182,8 +199,12 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
         "--budget-s: expected a non-negative number of seconds (0: no limit), got {}",
         args.budget_s
     );
+    anyhow::ensure!(
+        args.new_keys >= 1,
+        "--new-keys: expected at least 1 new key per step, got 0"
+    );
     let workloads = if args.workloads.is_empty() {
-        vec![Workload::reference(), Workload::large()]
+        default_workloads()
     } else {
         args.workloads.clone()
     };
@@ -196,6 +217,8 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
         kernels: args.kernels.clone(),
         workloads,
         seed: args.seed,
+        new_keys: args.new_keys,
+        table: Some(table_path.to_path_buf()),
     };
     let session = tritonrt::pq::tune::gpu_targets(&req)?;
     let dev = &session.device;
@@ -213,6 +236,9 @@ fn tune_on_gpu(args: &AutotuneArgs, table_path: &std::path::Path) -> anyhow::Res
          (CUDA events), outputs checked against the default variant first",
         settings.warmup, settings.repeats, settings.launches_per_sample, settings.rounds
     );
+    for note in &session.notes {
+        println!("note: {note}");
+    }
     let n = session.targets.len();
     let mut tuned = TuningTable::new();
     let mut failed: Vec<String> = Vec::new();

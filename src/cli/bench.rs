@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
-use tritonrt::pq::gpu::{self, BenchResult};
+use tritonrt::pq::gpu::{self, BenchResult, KernelChoice};
 use tritonrt::pq::{PqConfig, PqInputs, Shape, Workload};
 
 macro_rules! say {
@@ -121,6 +121,14 @@ pub struct BenchArgs {
     /// length (the fixed-S step, and the ragged kernels at equal lengths).
     #[arg(long, conflicts_with_all = ["soak", "prefill", "sweep", "devices", "matrix"])]
     pub decode_loop: bool,
+    /// Run this kernel variant in place of the tuned or default one in the timed steps
+    /// (an id that `tritonrt inspect` lists; repeatable, one per kernel).
+    #[arg(
+        long = "variant",
+        value_name = "ID",
+        conflicts_with_all = ["soak", "prefill", "devices", "decode_loop"]
+    )]
+    pub variants: Vec<String>,
     #[command(flatten)]
     pub ptx: super::core_cmds::PtxCacheArg,
 }
@@ -240,6 +248,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     } else {
         a.seq_lens.clone()
     };
+    let choice = super::run::kernel_choice(rt.store(), &a.variants)?;
     let stream = rt.device().new_stream()?;
     let bw = gpu::copy_bandwidth(&rt, &stream, a.copy_bytes).context("measuring copy bandwidth")?;
     say!(
@@ -267,8 +276,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             let p = dir.join(format!("bench_S{s}.safetensors"));
             save_inputs(&p, &cfg, &inputs).with_context(|| format!("writing {}", p.display()))?;
         }
-        let tuned = tritonrt::pq::tune::tuned_select_variant(&rt, &cfg, &shape);
-        let r = gpu::bench_shape(&rt, &cfg, &inputs, tuned.as_deref(), a.steps)
+        let r = gpu::bench_shape(&rt, &cfg, &inputs, &choice, a.steps)
             .with_context(|| format!("benchmarking S={s}"))?;
         results.push(r);
         bar.inc(1);
@@ -312,6 +320,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             r.state.state() as f64 / 1e6,
             path_name(r)
         );
+        for line in super::run::kernel_lines(&r.kernels) {
+            say!("    kernel: {line}");
+        }
         json.push(serde_json::json!({
             "device": rt.device().name(),
             "b": r.shape.b, "h": r.shape.h, "h_kv": r.shape.h_kv, "s": r.shape.s, "d": r.shape.d,
@@ -325,6 +336,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
             "floor_us": floor_us,
             "copy_bandwidth_bytes_per_s": bw,
             "select_variant": r.select_variant,
+            "kernels": kernels_json(&r.kernels),
             "path": path_name(r),
             "state_bytes": r.state.total(),
             "state_bytes_without_outputs": r.state.state(),
@@ -335,6 +347,21 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
     say!("(us: medians per step; wall = host timer around step + synchronize; gpu = CUDA events; floor = bytes / copy bandwidth; state = every device byte the indexer allocated, MB = 1e6 bytes; w/o out = without its own output buffers)");
     write_json(a.json.as_deref(), &json)?;
     Ok(super::EXIT_OK)
+}
+
+/// The kernels a step launched as JSON: `[{"kernel", "variant", "origin"}, ...]`, origin
+/// `override`, `table` or `default`.
+fn kernels_json(kernels: &[gpu::VariantChoice]) -> serde_json::Value {
+    kernels
+        .iter()
+        .map(|k| {
+            serde_json::json!({
+                "kernel": k.kernel,
+                "variant": k.variant,
+                "origin": k.origin.as_str(),
+            })
+        })
+        .collect()
 }
 
 /// The step path a bench result ran: its kind's name, `+quant` when `pq_quant` ran
@@ -365,6 +392,7 @@ fn matrix(a: &BenchArgs, rt: &std::sync::Arc<tritonrt::runtime::Runtime>) -> any
     use tritonrt::pq::memory::{state_bytes_for, SelectSizes};
     use tritonrt::pq::plan::{PlanFacts, SelectPath};
     let rows = select_rows(&a.matrix_rows)?;
+    let choice = super::run::kernel_choice(rt.store(), &a.variants)?;
     let stream = rt.device().new_stream()?;
     let bw = gpu::copy_bandwidth(rt, &stream, a.copy_bytes).context("measuring copy bandwidth")?;
     let sms = rt.device().sm_count();
@@ -408,9 +436,7 @@ fn matrix(a: &BenchArgs, rt: &std::sync::Arc<tritonrt::runtime::Runtime>) -> any
             let p = dir.join(format!("{}.safetensors", row.name));
             save_inputs(&p, &cfg, &inputs).with_context(|| format!("writing {}", p.display()))?;
         }
-        let tuned = tritonrt::pq::tune::tuned_select_variant(rt, &cfg, &shape);
-        let (result, refused) = match gpu::bench_shape(rt, &cfg, &inputs, tuned.as_deref(), a.steps)
-        {
+        let (result, refused) = match gpu::bench_shape(rt, &cfg, &inputs, &choice, a.steps) {
             Ok(r) => {
                 bar.set_message(format!("{}: checking", row.name));
                 let report = tritonrt::pq::check(&cfg, &inputs, &r.last_output);
@@ -477,6 +503,9 @@ fn matrix(a: &BenchArgs, rt: &std::sync::Arc<tritonrt::runtime::Runtime>) -> any
                     r.state.state() as f64 / 1e6,
                     report
                 );
+                for line in super::run::kernel_lines(&r.kernels) {
+                    say!("{:<22} kernel: {line}", "");
+                }
                 if r.state != o.predicted {
                     say!(
                         "{:<22} note: the CPU prediction of the state was {} bytes, the indexer allocated {} ({:?})",
@@ -491,6 +520,7 @@ fn matrix(a: &BenchArgs, rt: &std::sync::Arc<tritonrt::runtime::Runtime>) -> any
                     "refused": null,
                     "path": path,
                     "select_variant": r.select_variant,
+                    "kernels": kernels_json(&r.kernels),
                     "launch_wall_us": r.launch_wall.median_us,
                     "graph_wall_us": r.graph_wall.median_us,
                     "launch_gpu_us": r.launch_gpu.median_us,
@@ -570,7 +600,7 @@ fn soak(
         shape,
         &inputs.centroids,
         None,
-        None,
+        &KernelChoice::new(),
     )?;
     ix.import_codes(&inputs.codes, n0)?;
     // every key the loop will quantize, uploaded once (DeviceInputs uploads from N_cached on)
@@ -673,7 +703,7 @@ fn bench_devices(a: &BenchArgs, ordinals: &[usize]) -> anyhow::Result<i32> {
             shape,
             &inputs.centroids,
             inputs.phi.as_deref(),
-            None,
+            &KernelChoice::new(),
         )?;
         ix.import_codes(&inputs.codes, n_cached)?;
         let up = ix.upload(&inputs)?;

@@ -10,6 +10,7 @@ use anyhow::Context;
 use super::run::Backend;
 use super::{EXIT_CHECK_FAILED, EXIT_OK};
 use tritonrt::pq::gpu as pqgpu;
+use tritonrt::pq::gpu::KernelChoice;
 use tritonrt::pq::prefill::{
     check as pcheck, reference, DeviceKeys, GpuPrefill, KmeansInit, PrefillCheckMode,
     PrefillConfig, PrefillInputs, PrefillOutput, PrefillShape, PrefillTiming,
@@ -671,7 +672,7 @@ pub fn run_with_prefill(
     );
     bar.finish_and_clear();
     say!("check:   prefill {report}");
-    let mut ix = GpuIndexer::from_prefill(rt.clone(), *cfg, sh, res, None)
+    let mut ix = GpuIndexer::from_prefill(rt.clone(), *cfg, sh, res, &KernelChoice::new())
         .context("taking over the prefill's codebook")?;
     ix.prepare(sh.s)?;
     ix.poison_outputs()?;

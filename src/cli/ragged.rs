@@ -12,7 +12,9 @@ use super::run::{Backend, RunArgs, Values};
 use super::{EXIT_CHECK_FAILED, EXIT_OK};
 use tritonrt::driver::DeviceBuf;
 use tritonrt::pq::check::{CheckMode, CheckOptions};
-use tritonrt::pq::gpu::{self, DeviceInputs, DeviceTensorRef, GpuIndexer, LaunchMode, StepTiming};
+use tritonrt::pq::gpu::{
+    self, DeviceInputs, DeviceTensorRef, GpuIndexer, KernelChoice, LaunchMode, StepTiming,
+};
 use tritonrt::pq::ragged::{check_ragged, plan_ragged, reference_step, RaggedInputs, RaggedOutput};
 use tritonrt::pq::{DType, PqConfig, PqInputs, Shape};
 use tritonrt::runtime::Runtime;
@@ -148,7 +150,7 @@ fn run_ragged_gpu(
         x.shape,
         &x.centroids,
         x.phi.as_deref(),
-        None,
+        &KernelChoice::new(),
     )?;
     ix.import_codes(&x.codes, x.n_cached)?;
     ix.set_row_n_cached(&rx.n_cached)?;
@@ -452,7 +454,7 @@ pub fn decode_loop(
         shape,
         &data.centroids,
         None,
-        None,
+        &KernelChoice::new(),
     )?;
     ix.import_codes(&data.codes, data.n)?;
     ix.set_row_n_cached(&n0)?;
@@ -490,7 +492,7 @@ pub fn decode_loop(
         ushape,
         &udata.centroids,
         None,
-        None,
+        &KernelChoice::new(),
     )?;
     fx.import_codes(&udata.codes, udata.n)?;
     fx.prepare(ulast)?;
@@ -525,7 +527,7 @@ pub fn decode_loop(
         ushape,
         &udata.centroids,
         None,
-        None,
+        &KernelChoice::new(),
     )?;
     rx.import_codes(&udata.codes, udata.n)?;
     rx.set_row_n_cached(&un0)?;

@@ -143,10 +143,11 @@ pub struct RunArgs {
     /// after a warm-up); 0 times nothing.
     #[arg(long, default_value_t = 200, help_heading = "Backend")]
     pub steps: usize,
-    /// Select-kernel variant id to use instead of the tuned/default one (see
-    /// `tritonrt inspect`).
-    #[arg(long, value_name = "ID", help_heading = "Backend")]
-    pub select_variant: Option<String>,
+    /// Run this kernel variant in place of the tuned or default one (an id that
+    /// `tritonrt inspect` lists; repeatable, one per kernel). An id of
+    /// `pq_quant.k_<qt>` alone also serves the keys that allow vector loads.
+    #[arg(long = "variant", value_name = "ID", help_heading = "Backend")]
+    pub variants: Vec<String>,
     /// Select kernels of a step (the values name the kernels; `auto` picks per shape).
     #[arg(long, value_enum, default_value_t = SelectPathArg::Auto, help_heading = "Backend")]
     pub select_path: SelectPathArg,
@@ -154,11 +155,6 @@ pub struct RunArgs {
     /// are more than this many [default: 1]; 0: always (to measure the threshold).
     #[arg(long, value_name = "N", help_heading = "Backend")]
     pub bulk_min: Option<usize>,
-    /// The `pq_quant` variant of the bulk quantize in place of a default, to compare
-    /// variants: an id of `pq_quant.a16.k_<qt>` (keys that allow vector loads) or of
-    /// `pq_quant.k_<qt>` (then taken for every key layout); `tritonrt inspect` lists them.
-    #[arg(long, value_name = "ID", help_heading = "Backend")]
-    pub quant_variant: Option<String>,
     /// Build the codebook first: the prefill (k-means on the GPU) clusters the prompt
     /// (positions 0 .. init_offset + N_cached) and the step runs on its centroids and
     /// codes, taken over on the device; both are checked against the CPU reference.
@@ -283,18 +279,14 @@ pub fn run_gpu(
             return Ok(None);
         }
     };
-    let tuned = match &a.select_variant {
-        Some(id) => Some(id.clone()),
-        None => tritonrt::pq::tune::tuned_select_variant(&rt, cfg, &inputs.shape),
-    };
+    let choice = kernel_choice(rt.store(), &a.variants)?;
     let ex = pq::gpu::execute_with_path(
         &rt,
         cfg,
         inputs,
-        tuned.as_deref(),
+        &choice,
         a.select_path.into(),
         a.bulk_min,
-        a.quant_variant.as_deref(),
         a.steps,
         false,
     )
@@ -310,6 +302,9 @@ pub fn run_gpu(
             ""
         }
     );
+    for line in kernel_lines(&ex.kernels) {
+        say!("kernel:  {line}");
+    }
     anyhow::ensure!(
         ex.graph_matches,
         "the CUDA-graph step's outputs differ from the plain-launch step's"
@@ -335,6 +330,39 @@ pub fn run_gpu(
             fmt(&ex.graph_timing)
         ),
     }))
+}
+
+/// The indexer's variant choice for `--variant` ids: each id overrides its kernel (read
+/// from the manifest); the other kernels take the tuning table's winner, else the
+/// manifest default.
+///
+/// Errors: an id the manifest does not have, two ids of one kernel.
+pub(crate) fn kernel_choice(
+    store: &tritonrt::artifact::ArtifactStore,
+    ids: &[String],
+) -> anyhow::Result<pq::gpu::KernelChoice> {
+    let mut choice = pq::gpu::KernelChoice::new();
+    for id in ids {
+        let next = choice
+            .clone()
+            .with_variant_id(store, id)
+            .with_context(|| format!("--variant {id}"))?;
+        if next.overrides().len() == choice.overrides().len() {
+            let kernel = &store.variant(id)?.kernel;
+            anyhow::bail!(
+                "--variant {id}: kernel {kernel} already has --variant {} (one per kernel)",
+                choice.variant_for(kernel).unwrap_or_default()
+            );
+        }
+        choice = next;
+    }
+    Ok(choice)
+}
+
+/// One line per kernel a step launched: `<variant id> (<origin>)`, origin `override`,
+/// `table` (the tuning table's winner) or `default` (the manifest's).
+pub(crate) fn kernel_lines(kernels: &[pq::gpu::VariantChoice]) -> Vec<String> {
+    kernels.iter().map(|k| k.to_string()).collect()
 }
 
 /// Run the CPU reference once and time it.

@@ -68,3 +68,5 @@ pub use crate::pq::plan::{
 };
 pub use crate::pq::ragged_gpu::{RaggedInfo, RAGGED_QUANT_CTAS};
 pub use crate::pq::state::StepOutputs;
+pub use crate::pq::variants::KernelChoice;
+pub use crate::tune::choice::{VariantChoice, VariantOrigin};

@@ -15,8 +15,10 @@ use crate::pq::launch::DeviceTensorRef;
 use crate::pq::memory::StateBytes;
 use crate::pq::plan::{SelectPath, StepKind};
 use crate::pq::reference::PqOutput;
+use crate::pq::variants::KernelChoice;
 use crate::pq::workload::PqInputs;
 use crate::runtime::Runtime;
+use crate::tune::choice::VariantChoice;
 
 /// Host inputs uploaded to the device in the layouts the indexer reads: `query
 /// [B, H, 1, D]` and `key [B, H_kv, S, D]`, contiguous, in the config's input dtype.
@@ -197,6 +199,9 @@ pub struct Execution {
     pub graph_gpu: Option<StepTiming>,
     /// Variant id of the select kernel.
     pub select_variant: String,
+    /// The kernels the first step launched, in launch order, each with the variant that
+    /// ran and where it came from (override, tuning table, manifest default).
+    pub kernels: Vec<VariantChoice>,
     /// Whether the steps ran the histogram select path (`pq_hist`, or split).
     pub hist_path: bool,
     /// Whether they ran it split (`pq_thresh` + `pq_emit`).
@@ -254,7 +259,7 @@ pub fn execute(
     rt: &Arc<Runtime>,
     cfg: &PqConfig,
     inputs: &PqInputs,
-    select_variant: Option<&str>,
+    choice: &KernelChoice,
     timed_steps: usize,
     gpu_time: bool,
 ) -> Result<Execution> {
@@ -262,9 +267,8 @@ pub fn execute(
         rt,
         cfg,
         inputs,
-        select_variant,
+        choice,
         SelectPath::Auto,
-        None,
         None,
         timed_steps,
         gpu_time,
@@ -273,43 +277,31 @@ pub fn execute(
 
 /// [`execute`] with the select path chosen by the caller, and the new-key count above
 /// which `pq_quant` runs first (`bulk_min`; None: the default,
-/// [`crate::pq::plan::BULK_QUANTIZE_MIN`]), and the `pq_quant` variant
-/// (`quant_variant`, see [`GpuIndexer::set_quant_variant`]; None: the defaults).
+/// [`crate::pq::plan::BULK_QUANTIZE_MIN`]).
 // the knobs a measurement sets one by one (path, quantize threshold, steps, GPU timing)
 #[allow(clippy::too_many_arguments)]
 pub fn execute_with_path(
     rt: &Arc<Runtime>,
     cfg: &PqConfig,
     inputs: &PqInputs,
-    select_variant: Option<&str>,
+    choice: &KernelChoice,
     path: SelectPath,
     bulk_min: Option<usize>,
-    quant_variant: Option<&str>,
     timed_steps: usize,
     gpu_time: bool,
 ) -> Result<Execution> {
     let knobs = Knobs {
         path,
         bulk_min,
-        quant_variant,
         keep_last: false,
     };
-    run_steps(
-        rt,
-        cfg,
-        inputs,
-        select_variant,
-        &knobs,
-        timed_steps,
-        gpu_time,
-    )
+    run_steps(rt, cfg, inputs, choice, &knobs, timed_steps, gpu_time)
 }
 
 /// The settings of [`run_steps`] that [`execute_with_path`] and [`bench_shape`] choose.
-struct Knobs<'a> {
+struct Knobs {
     path: SelectPath,
     bulk_min: Option<usize>,
-    quant_variant: Option<&'a str>,
     /// Download the last timed step's outputs ([`Execution::last_output`]).
     keep_last: bool,
 }
@@ -319,12 +311,12 @@ fn run_steps(
     rt: &Arc<Runtime>,
     cfg: &PqConfig,
     inputs: &PqInputs,
-    select_variant: Option<&str>,
-    knobs: &Knobs<'_>,
+    choice: &KernelChoice,
+    knobs: &Knobs,
     timed_steps: usize,
     gpu_time: bool,
 ) -> Result<Execution> {
-    let (path, bulk_min, quant_variant) = (knobs.path, knobs.bulk_min, knobs.quant_variant);
+    let (path, bulk_min) = (knobs.path, knobs.bulk_min);
     let sh = inputs.shape;
     let stream = rt.device().new_stream()?;
     let mut ix = GpuIndexer::new(
@@ -334,18 +326,16 @@ fn run_steps(
         sh,
         &inputs.centroids,
         inputs.phi.as_deref(),
-        select_variant,
+        choice,
     )?;
     ix.set_select_path(path);
     if let Some(n) = bulk_min {
         ix.set_bulk_quantize_min(n);
     }
-    if let Some(id) = quant_variant {
-        ix.set_quant_variant(id)?;
-    }
     ix.import_codes(&inputs.codes, inputs.n_cached)?;
     let dev = DeviceInputs::upload(&stream, inputs, cfg)?;
     ix.prepare(sh.s)?;
+    let kernels = ix.step_kernels(&ix.plan(sh.s)?, dev.key());
     ix.poison_outputs()?;
     let first = ix.step(dev.query(), dev.key(), sh.s, LaunchMode::Launch)?;
     let output = ix.download()?;
@@ -427,6 +417,7 @@ fn run_steps(
         launch_gpu,
         graph_gpu,
         select_variant: ix.select_variant().to_string(),
+        kernels,
         hist_path: first.hist,
         split_path: first.split,
         range_path: first.range,
@@ -510,6 +501,8 @@ pub struct BenchResult {
     pub floor_bytes: u64,
     /// Select-kernel variant used.
     pub select_variant: String,
+    /// The kernels the step launched, in launch order, each with its variant and origin.
+    pub kernels: Vec<VariantChoice>,
     /// The step's kind (the same for every timed step: each repeats the first).
     pub kind: StepKind,
     /// Whether `pq_quant` quantized the new keys before the select kernel.
@@ -532,16 +525,15 @@ pub fn bench_shape(
     rt: &Arc<Runtime>,
     cfg: &PqConfig,
     inputs: &PqInputs,
-    select_variant: Option<&str>,
+    choice: &KernelChoice,
     steps: usize,
 ) -> Result<BenchResult> {
     let knobs = Knobs {
         path: SelectPath::Auto,
         bulk_min: None,
-        quant_variant: None,
         keep_last: true,
     };
-    let mut ex = run_steps(rt, cfg, inputs, select_variant, &knobs, steps.max(1), true)?;
+    let mut ex = run_steps(rt, cfg, inputs, choice, &knobs, steps.max(1), true)?;
     if !ex.graph_matches {
         return Err(Error::invalid(
             "graph replay",
@@ -557,6 +549,7 @@ pub fn bench_shape(
         graph_gpu: timed(ex.graph_gpu),
         floor_bytes: memory_floor_bytes(cfg, &inputs.shape, inputs.n_cached),
         select_variant: ex.select_kernel().to_string(),
+        kernels: std::mem::take(&mut ex.kernels),
         kind: ex.kind,
         bulk_quantize: ex.bulk_quantize,
         state: ex.state,

@@ -17,7 +17,9 @@ use crate::pq::plan::{plan_step, takes_index, PlanFacts, SelectPath, StepInfo, S
 use crate::pq::ragged_gpu::RaggedState;
 use crate::pq::reference::PqOutput;
 use crate::pq::state::{DeviceState, StepOutputs};
+use crate::pq::variants::KernelChoice;
 use crate::runtime::Runtime;
+use crate::tune::choice::VariantChoice;
 
 /// How a step is issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +54,10 @@ pub struct GpuIndexer {
 impl GpuIndexer {
     /// Set up an indexer for `shape` and `cfg`, uploading `centroids` (`f32 [B, H_kv,
     /// M, K, d_c]`) and `phi` (`f32 [B * H_kv * M]`, metric ip only) from the host.
-    /// `select_variant` picks a tuned variant id of the select kernel (else the manifest
-    /// default for this GPU).
+    /// `choice` says which variant of each kernel runs: the caller's overrides, else the
+    /// tuning table's current winner for the kernel and this indexer's shape bucket, else
+    /// the manifest default for the GPU ([`KernelChoice`]; each choice and its origin:
+    /// [`GpuIndexer::kernel_choices`]).
     ///
     /// Each step brings its own `S`; `shape.s` is the capacity `S_alloc`, the largest
     /// `S` the caller expects. It matters only for a ratio `heavy_size` (spec "Sizes
@@ -62,10 +66,10 @@ impl GpuIndexer {
     /// step with a larger resolved heavy size runs on the histogram family, or is refused
     /// with an error naming `heavy_size` where it needs the chunked path.
     ///
-    /// Errors: config/shape validation, a missing kernel variant, heavy_size above the
-    /// compiled top-k widths, a centroid or phi length mismatch, a `stream` of another
-    /// device than `rt`'s ([`Error::DeviceMismatch`], naming both ordinals), driver
-    /// errors.
+    /// Errors: config/shape validation, a missing kernel variant, an override that is no
+    /// variant of its kernel on this GPU or names a kernel this config does not load, a
+    /// centroid or phi length mismatch, a `stream` of another device than `rt`'s
+    /// ([`Error::DeviceMismatch`], naming both ordinals), driver errors.
     pub fn new(
         rt: Arc<Runtime>,
         stream: Arc<CudaStream>,
@@ -73,7 +77,7 @@ impl GpuIndexer {
         shape: Shape,
         centroids: &[f32],
         phi: Option<&[f32]>,
-        select_variant: Option<&str>,
+        choice: &KernelChoice,
     ) -> Result<Self> {
         check_codebook(&cfg, &shape, centroids.len(), phi.map(|p| p.len()))?;
         let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
@@ -83,7 +87,7 @@ impl GpuIndexer {
         let phi = stream
             .clone_htod(phi.unwrap_or(&[0.0]))
             .map_err(drv("uploading phi"))?;
-        Self::with_state(rt, stream, cfg, shape, cent, phi, select_variant)
+        Self::with_state(rt, stream, cfg, shape, cent, phi, choice)
     }
 
     /// [`GpuIndexer::new`] with the codebook already on the device (an engine's buffers,
@@ -100,7 +104,7 @@ impl GpuIndexer {
         shape: Shape,
         centroids: &C,
         phi: Option<&P>,
-        select_variant: Option<&str>,
+        choice: &KernelChoice,
     ) -> Result<Self> {
         check_codebook(&cfg, &shape, centroids.len(), phi.map(|p| p.len()))?;
         let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
@@ -118,7 +122,7 @@ impl GpuIndexer {
                 .memcpy_dtod(p, &mut phi_d)
                 .map_err(drv("copying phi"))?;
         }
-        Self::with_state(rt, stream, cfg, shape, cent, phi_d, select_variant)
+        Self::with_state(rt, stream, cfg, shape, cent, phi_d, choice)
     }
 
     /// An indexer that takes over a prefill's results on the device, with no copy: its
@@ -134,7 +138,7 @@ impl GpuIndexer {
         cfg: PqConfig,
         shape: Shape,
         prefill: crate::pq::prefill::PrefillResult,
-        select_variant: Option<&str>,
+        choice: &KernelChoice,
     ) -> Result<Self> {
         let (pc, ps) = (*prefill.config(), *prefill.shape());
         let mismatch = [
@@ -173,7 +177,7 @@ impl GpuIndexer {
             shape,
             prefill.centroids,
             prefill.phi,
-            select_variant,
+            choice,
         )?;
         me.state.adopt_codes(prefill.codes, prefill.cap, n);
         Ok(me)
@@ -186,7 +190,7 @@ impl GpuIndexer {
         shape: Shape,
         centroids: CudaSlice<f32>,
         phi: CudaSlice<f32>,
-        select_variant: Option<&str>,
+        choice: &KernelChoice,
     ) -> Result<Self> {
         let dev = rt.device();
         dev.check_stream(
@@ -195,7 +199,7 @@ impl GpuIndexer {
             &format!("the indexer's runtime (device {})", dev.ordinal()),
         )?;
         // shape.s: the capacity, where a ratio heavy_size is largest
-        let kernels = Kernels::load(&rt, &cfg, shape.s, select_variant)?;
+        let kernels = Kernels::load(&rt, &cfg, &shape, choice)?;
         let facts = kernels.facts(rt.device().sm_count());
         let state = DeviceState::new(stream, cfg, shape, &kernels, centroids, phi)?;
         Ok(GpuIndexer {
@@ -270,21 +274,6 @@ impl GpuIndexer {
         self.facts.bulk_min = n;
     }
 
-    /// Quantize bulk new keys with the `pq_quant` variant `id` (`qt` this config's key
-    /// dtype): one of `pq_quant.a16.k_<qt>` replaces the vector-load kernel's default
-    /// (keys that allow it); one of `pq_quant.k_<qt>` becomes the kernel for every key
-    /// layout. For measurements (`tritonrt run
-    /// --quant-variant`) and tests: every variant gives the same codes.
-    ///
-    /// Errors: [`crate::Error::Invalid`] where `id` is no such variant usable on this
-    /// GPU; driver errors loading it.
-    pub fn set_quant_variant(&mut self, id: &str) -> Result<()> {
-        let cfg = self.state.cfg;
-        self.kernels.set_quant_variant(&self.rt, &cfg, id)?;
-        self.graph.clear(); // captured steps hold the kernel they were captured with
-        Ok(())
-    }
-
     /// Variant id of the chunked select kernel in use ("none" where `heavy_size`, resolved
     /// at the capacity `shape().s`, exceeds its compiled top-k widths: the histogram
     /// family then serves every step).
@@ -298,6 +287,24 @@ impl GpuIndexer {
     /// Every kernel variant this indexer launches (for reports).
     pub fn kernels(&self) -> Vec<Arc<Kernel>> {
         self.kernels.all()
+    }
+
+    /// Every kernel this indexer loaded: its logical name, the variant that runs and
+    /// where that came from (override, tuning table, manifest default), in load order.
+    pub fn kernel_choices(&self) -> &[VariantChoice] {
+        &self.kernels.choices
+    }
+
+    /// The kernels a step of `plan` launches (a plan of this indexer: [`GpuIndexer::plan`])
+    /// with keys laid out as `key` (which `pq_quant` build runs depends on it), in launch
+    /// order, each once, with its variant and origin. For reports; not part of a step.
+    pub fn step_kernels(&self, plan: &StepPlan, key: &DeviceTensorRef) -> Vec<VariantChoice> {
+        let d_s = self.state.cfg.d_sub(self.state.shape.d);
+        self.kernels
+            .launched(plan, key.buf().addr(), key.strides(), d_s)
+            .into_iter()
+            .filter_map(|k| self.kernels.choice_of(k.id()).cloned())
+            .collect()
     }
 
     /// What [`plan_step`] knows of this indexer's GPU and kernels.

@@ -4,12 +4,14 @@ use std::sync::Arc;
 
 use crate::driver::Kernel;
 use crate::error::{Error, Result};
-use crate::pq::config::{DType, PqConfig};
+use crate::pq::config::{DType, PqConfig, Shape};
 use crate::pq::plan::{
     hist_built_for, index_built_for, range_built_for, HistFacts, IndexFacts, PlanFacts, RangeFacts,
-    BULK_QUANTIZE_MIN, INDEX_BUCKET_BUDGET_BYTES,
+    StepKind, StepPlan, BULK_QUANTIZE_MIN, INDEX_BUCKET_BUDGET_BYTES,
 };
+use crate::pq::variants::{KernelChoice, Loader};
 use crate::runtime::Runtime;
+use crate::tune::choice::VariantChoice;
 
 /// Top-k widths the select kernel is compiled for (`K_PAD`, a power of two >= heavy);
 /// source: `kernels_triton/pq_select.py`'s `K_PADS`.
@@ -226,30 +228,36 @@ pub(crate) struct Kernels {
     /// The ragged step's kernels, where built (an older kernel cache has none: ragged
     /// steps are then refused, naming them).
     pub ragged: Option<RaggedKernels>,
+    /// Every kernel loaded, its variant and where the variant came from, in load order.
+    pub choices: Vec<VariantChoice>,
 }
 
 impl Kernels {
-    /// Load the kernels of `cfg` (validated, `K <= 256`) from `rt`: the select kernel's
-    /// variant `select_variant` (else the manifest default for this GPU), the others'
-    /// defaults; the histogram and indexed paths' kernels where the config allows them
-    /// (the indexed path only where its variants are built). The select kernel is the
-    /// one for `heavy_size` resolved at `s_alloc`, the largest `S` the indexer expects
-    /// (a ratio's count grows with `S`; a count is the same everywhere).
+    /// Load the kernels of `cfg` (validated, `K <= 256`) from `rt`, each at the variant
+    /// `choice` gives it (an override, else the tuning table's current winner for the
+    /// kernel and the bucket of `shape`, else the manifest default:
+    /// [`crate::pq::variants::KernelChoice`]): the histogram and indexed paths' kernels
+    /// where the config allows them (the indexed path only where its variants are
+    /// built). `shape.s` is the capacity `S_alloc`, the largest `S` the indexer expects:
+    /// the select kernel is the one for `heavy_size` resolved there (a ratio's count
+    /// grows with `S`; a count is the same everywhere).
     ///
-    /// Errors: a missing kernel variant or constexpr, a select variant asked for while
-    /// heavy_size is above the compiled top-k widths, driver errors.
+    /// Errors: a missing kernel variant or constexpr, an override that is no variant of
+    /// its kernel on this GPU or names a kernel this config does not load (e.g. a select
+    /// kernel while heavy_size is above the compiled top-k widths), driver errors.
     pub fn load(
         rt: &Runtime,
         cfg: &PqConfig,
-        s_alloc: usize,
-        select_variant: Option<&str>,
+        shape: &Shape,
+        choice: &KernelChoice,
     ) -> Result<Self> {
         let m = cfg.m();
+        let mut ld = Loader::new(rt, choice, cfg, shape);
         // heavy sizes above the largest top-k width: no chunked kernel (the plan refuses
-        // the steps that would need it), unless a variant of it was asked for by name
-        let select = match (select_kernel_name(cfg, s_alloc), select_variant) {
-            (Ok(name), _) => {
-                let kernel = rt.kernel_for(&name, select_variant)?;
+        // the steps that would need it; an override of one is refused as unused)
+        let select = match select_kernel_name(cfg, shape.s) {
+            Ok(name) => {
+                let kernel = ld.load(&name)?;
                 let k_pad = constexpr_usize(&kernel, "K_PAD")?;
                 Some(SelectKernel {
                     chunk: constexpr_usize(&kernel, "CHUNK")?,
@@ -258,18 +266,17 @@ impl Kernels {
                     kernel,
                 })
             }
-            (Err(e), Some(_)) => return Err(e),
-            (Err(_), None) => None,
+            Err(_) => None,
         };
         let qt = dt(cfg.input_dtype);
         let wt = dt(cfg.weight_dtype);
         let index = if index_built_for(cfg) {
             // built for these configs only (kernels_triton/pq_index.py)
             match (
-                rt.default_kernel(&format!("pq_index.m2.q_{qt}.w_{wt}")),
-                rt.default_kernel(&format!("pq_wfill.w_{wt}")),
+                ld.load_optional(&format!("pq_index.m2.q_{qt}.w_{wt}"))?,
+                ld.load_optional(&format!("pq_wfill.w_{wt}"))?,
             ) {
-                (Ok(ix), Ok(fill)) => {
+                (Some(ix), Some(fill)) => {
                     let tp = constexpr_usize(&ix, "TP")?;
                     let wfill = (constexpr_usize(&ix, "PDL")? == 1).then_some(fill);
                     if let Some(f) = &wfill {
@@ -288,19 +295,27 @@ impl Kernels {
         } else {
             None
         };
-        let quant = QuantKernel::new(rt.default_kernel(&format!("pq_quant.k_{qt}"))?)?;
-        let quant_a16 = match rt.default_kernel(&format!("pq_quant.a16.k_{qt}")) {
-            Ok(k) => Some(QuantKernel::new(k)?),
-            Err(_) => None, // an older kernel cache: the any-layout kernel serves
+        let quant_name = format!("pq_quant.k_{qt}");
+        let a16_name = format!("pq_quant.a16.k_{qt}");
+        let quant = QuantKernel::new(ld.load(&quant_name)?)?;
+        // an override of the any-layout build alone: it serves every key layout (see
+        // KernelChoice); an older kernel cache has no vector-load build
+        let quant_a16 = if ld.overridden(&quant_name) && !ld.overridden(&a16_name) {
+            None
+        } else {
+            match ld.load_optional(&a16_name)? {
+                Some(k) => Some(QuantKernel::new(k)?),
+                None => None,
+            }
         };
         let (hist, split) = if hist_built_for(cfg) {
             let mp = if m <= 2 { 2 } else { 4 };
-            let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
+            let emit = ld.load(&format!("pq_emit.m{mp}.w_{wt}"))?;
             let tile = constexpr_usize(&emit, "TILE")?;
             (
-                Some(rt.default_kernel(&format!("pq_hist.m{mp}.q_{qt}.w_{wt}"))?),
+                Some(ld.load(&format!("pq_hist.m{mp}.q_{qt}.w_{wt}"))?),
                 Some(SplitKernels {
-                    thresh: rt.default_kernel(&format!("pq_thresh.m{mp}.q_{qt}"))?,
+                    thresh: ld.load(&format!("pq_thresh.m{mp}.q_{qt}"))?,
                     emit,
                     tile,
                 }),
@@ -315,11 +330,11 @@ impl Kernels {
                 _ => 8,
             };
             match (
-                rt.default_kernel(&format!("pq_rlut.q_{qt}")),
-                rt.default_kernel(&format!("pq_rround.m{mp}")),
+                ld.load_optional(&format!("pq_rlut.q_{qt}"))?,
+                ld.load_optional(&format!("pq_rround.m{mp}"))?,
             ) {
-                (Ok(rlut), Ok(rround)) => {
-                    let emit = rt.default_kernel(&format!("pq_emit.m{mp}.w_{wt}"))?;
+                (Some(rlut), Some(rround)) => {
+                    let emit = ld.load(&format!("pq_emit.m{mp}.w_{wt}"))?;
                     Some(RangeKernels {
                         lut_block: constexpr_usize(&rlut, "BLOCK_C")?,
                         level_tile: constexpr_usize(&rround, "TILE")?,
@@ -335,18 +350,23 @@ impl Kernels {
             None
         };
         let ragged = match (
-            rt.default_kernel(&format!("pq_rgq.k_{qt}")),
-            rt.default_kernel(&format!("pq_rglut.q_{qt}")),
-            rt.default_kernel("pq_rground"),
-            rt.default_kernel("pq_rgcnt"),
-            rt.default_kernel(&format!("pq_rgemit.w_{wt}")),
+            ld.load_optional(&format!("pq_rgq.k_{qt}"))?,
+            ld.load_optional(&format!("pq_rglut.q_{qt}"))?,
+            ld.load_optional("pq_rground")?,
+            ld.load_optional("pq_rgcnt")?,
+            ld.load_optional(&format!("pq_rgemit.w_{wt}"))?,
         ) {
-            (Ok(rgq), Ok(rglut), Ok(rground), Ok(rgcnt), Ok(rgemit)) => {
+            (Some(rgq), Some(rglut), Some(rground), Some(rgcnt), Some(rgemit)) => {
                 let emit_tile = constexpr_usize(&rgemit, "TILE")?;
                 if constexpr_usize(&rgcnt, "TILE")? != emit_tile {
                     return Err(Error::invalid(
                         "ragged kernels",
-                        "pq_rgcnt and pq_rgemit were built with different TILEs",
+                        format!(
+                            "{} and {} have different TILEs (they must cut a row into the \
+                             same parts)",
+                            rgcnt.id(),
+                            rgemit.id()
+                        ),
                     ));
                 }
                 Some(RaggedKernels {
@@ -362,6 +382,10 @@ impl Kernels {
             }
             _ => None, // an older kernel cache: ragged steps are refused, naming them
         };
+        let short = ld.load(&format!("pq_short.w_{wt}"))?;
+        let import = ld.load("pq_codes_import")?;
+        let export = ld.load("pq_codes_export")?;
+        let choices = ld.finish()?;
         Ok(Kernels {
             ragged,
             hist,
@@ -369,11 +393,12 @@ impl Kernels {
             index,
             range,
             select,
-            short: rt.default_kernel(&format!("pq_short.w_{wt}"))?,
+            short,
             quant,
             quant_a16,
-            import: rt.default_kernel("pq_codes_import")?,
-            export: rt.default_kernel("pq_codes_export")?,
+            import,
+            export,
+            choices,
         })
     }
 
@@ -411,25 +436,6 @@ impl Kernels {
         }
     }
 
-    /// Use the `pq_quant` variant `id` of this config's key dtype in place of a default:
-    /// a variant of `pq_quant.a16.k_<qt>` for the keys that allow vector loads, or one of
-    /// `pq_quant.k_<qt>` for every key layout (the aligned kernel dropped, so that one
-    /// runs and can be measured on any keys); for measurements and tests.
-    ///
-    /// Errors: [`Error::Invalid`] where `id` is no such variant usable on this GPU,
-    /// driver errors.
-    pub fn set_quant_variant(&mut self, rt: &Runtime, cfg: &PqConfig, id: &str) -> Result<()> {
-        let qt = dt(cfg.input_dtype);
-        let a16 = format!("pq_quant.a16.k_{qt}");
-        if id.starts_with(&format!("{a16}.")) {
-            self.quant_a16 = Some(QuantKernel::new(rt.kernel_for(&a16, Some(id))?)?);
-        } else {
-            self.quant = QuantKernel::new(rt.kernel_for(&format!("pq_quant.k_{qt}"), Some(id))?)?;
-            self.quant_a16 = None;
-        }
-        Ok(())
-    }
-
     /// Every kernel variant the indexer launches (for reports).
     pub fn all(&self) -> Vec<Arc<Kernel>> {
         let mut v = vec![self.short.clone(), self.quant.kernel.clone()];
@@ -456,6 +462,53 @@ impl Kernels {
             ]);
         }
         v
+    }
+
+    /// The kernels a step of `plan` launches, in launch order, each once (`pq_rround`'s
+    /// rounds are one kernel); `pq_quant` as [`Kernels::quant_for`] picks it for keys at
+    /// `key_addr` with element strides `key_strides` and subvectors of `d_s` elements.
+    /// A kernel the plan needs but this config did not load is left out (the step itself
+    /// refuses it).
+    pub fn launched(
+        &self,
+        plan: &StepPlan,
+        key_addr: u64,
+        key_strides: [i64; 3],
+        d_s: usize,
+    ) -> Vec<&Arc<Kernel>> {
+        let mut v: Vec<&Arc<Kernel>> = Vec::with_capacity(RANGE_ROUNDS + 3);
+        if plan.bulk_quantize {
+            v.push(&self.quant_for(key_addr, key_strides, d_s).kernel);
+        }
+        match plan.kind {
+            StepKind::Short => v.push(&self.short),
+            StepKind::Chunked => v.extend(self.select.as_ref().map(|s| &s.kernel)),
+            StepKind::Hist => v.extend(self.hist.as_ref()),
+            StepKind::Split { .. } => {
+                if let Some(sp) = &self.split {
+                    v.extend([&sp.thresh, &sp.emit]);
+                }
+            }
+            StepKind::Range { .. } => {
+                if let Some(rk) = &self.range {
+                    v.extend([&rk.rlut, &rk.rround, &rk.emit]);
+                }
+            }
+            StepKind::IndexWfill => {
+                if let Some(ik) = &self.index {
+                    v.extend(ik.wfill.as_ref());
+                    v.push(&ik.index);
+                }
+            }
+            StepKind::IndexRowFill => v.extend(self.index.as_ref().map(|ik| &ik.index)),
+            StepKind::IndexCompanion => v.extend(self.index.as_ref().map(|ik| &ik.alone)),
+        }
+        v
+    }
+
+    /// The choice (variant and origin) of the kernel whose variant is `id`.
+    pub fn choice_of(&self, id: &str) -> Option<&VariantChoice> {
+        self.choices.iter().find(|c| c.variant == id)
     }
 }
 

@@ -26,8 +26,10 @@
 //!   pure).
 //!
 //! GPU side: [`gpu`] (the indexer, its kernels, device state, graph cache and the
-//! execute / bench harness, in the private modules it re-exports from) and [`sharded`]
-//! (the indexer over several GPUs, one shard of heads per device).
+//! execute / bench harness, in the private modules it re-exports from), [`variants`]
+//! (which variant of each kernel an indexer runs: overrides, the tuning table, the
+//! manifest default) and [`sharded`] (the indexer over several GPUs, one shard of heads
+//! per device).
 //!
 //! Layouts (row-major, all host `Vec`s): `query [B, H, 1, D]`, `key [B, H_kv, S, D]`,
 //! `centroids [B, H_kv, M, K, d_c]`, codes upstream `[B, N, H_kv, M]` i64,
@@ -59,6 +61,7 @@ mod size;
 mod state;
 #[cfg(feature = "cli")]
 pub mod tune;
+pub mod variants;
 pub mod workload;
 
 pub use check::{check, check_exact, CheckMode, CheckReport};

@@ -28,6 +28,7 @@ use crate::pq::plan::{SelectPath, StepInfo};
 use crate::pq::reference::PqOutput;
 use crate::pq::shard_plan::ShardPlan;
 use crate::pq::state::StepOutputs;
+use crate::pq::variants::KernelChoice;
 use crate::pq::workload::PqInputs;
 use crate::runtime::Runtime;
 
@@ -53,7 +54,8 @@ impl ShardedIndexer {
     /// takes query heads `[d H/G, (d+1) H/G)` and KV heads likewise), each on a new
     /// stream of its device. `centroids` (`f32 [B, H_kv, M, K, d_c]`) and `phi`
     /// (`f32 [B * H_kv * M]`, metric ip) are the full host tensors; each shard uploads
-    /// its slice. A runtime may appear twice (two shards on one GPU, each on its own
+    /// its slice. `choice` picks every shard's variants (each shard's bucket is its own
+    /// shape's). A runtime may appear twice (two shards on one GPU, each on its own
     /// stream: the split without a second device).
     ///
     /// Errors: no runtime; `H_kv % G != 0` (see [`ShardPlan::new`]); those of
@@ -64,21 +66,13 @@ impl ShardedIndexer {
         shape: Shape,
         centroids: &[f32],
         phi: Option<&[f32]>,
-        select_variant: Option<&str>,
+        choice: &KernelChoice,
     ) -> Result<Self> {
         let streams = runtimes
             .iter()
             .map(|rt| rt.device().new_stream())
             .collect::<Result<Vec<_>>>()?;
-        Self::with_streams(
-            runtimes,
-            streams,
-            cfg,
-            shape,
-            centroids,
-            phi,
-            select_variant,
-        )
+        Self::with_streams(runtimes, streams, cfg, shape, centroids, phi, choice)
     }
 
     /// [`ShardedIndexer::new`] on the caller's streams (an engine's, one per shard):
@@ -94,7 +88,7 @@ impl ShardedIndexer {
         shape: Shape,
         centroids: &[f32],
         phi: Option<&[f32]>,
-        select_variant: Option<&str>,
+        choice: &KernelChoice,
     ) -> Result<Self> {
         if streams.len() != runtimes.len() {
             return Err(Error::invalid(
@@ -122,7 +116,7 @@ impl ShardedIndexer {
                 plan.shard_shape(),
                 &cent,
                 phi_d.as_deref(),
-                select_variant,
+                choice,
             )?);
         }
         Ok(ShardedIndexer { plan, shards })

@@ -39,6 +39,15 @@
 //!
 //! `b1:pq_score_kernel_v6:fp32:sm90:rows<=32:n<=32768:align1:ds64:K64:heavy<=128`
 //!
+//! A bucket keyed by the number of subvectors `M` as well (the decode step's kernels:
+//! their grids and code rows depend on it, and `d_s` alone does not say it) ends with
+//! `:M<m>`:
+//!
+//! `b1:pq_emit.m2.w_bf16:bf16+bf16+bf16:sm90:rows<=32:n<=32768:align1:ds64:K256:heavy<=4096:M2`
+//!
+//! A bucket without it (`M` not a feature of the kernel) keeps the ten-field form, so
+//! tables written before `M` was a feature read the same.
+//!
 //! [`ShapeBucket`] parses it back ([`std::str::FromStr`]).
 
 use std::fmt;
@@ -74,6 +83,9 @@ pub struct ShapeFeatures {
     pub centroids: u32,
     /// Heavy-hitter count `heavy_size` (the top-k size); 0 when the kernel has none.
     pub heavy: u32,
+    /// Subvectors per key `M`; 0 when the bucket is not keyed by it
+    /// ([`ShapeFeatures::with_subvectors`] sets it).
+    pub subvectors: u32,
 }
 
 impl ShapeFeatures {
@@ -87,6 +99,7 @@ impl ShapeFeatures {
             sub_dim,
             centroids,
             heavy,
+            subvectors: 0,
         }
     }
 
@@ -100,6 +113,18 @@ impl ShapeFeatures {
             sub_dim,
             centroids,
             heavy,
+            subvectors: 0,
+        }
+    }
+}
+
+impl ShapeFeatures {
+    /// The same features keyed by `M` subvectors per key as well (a bucket string ending
+    /// in `:M<m>`; 0 removes the feature).
+    pub fn with_subvectors(self, m: u32) -> Self {
+        ShapeFeatures {
+            subvectors: m,
+            ..self
         }
     }
 }
@@ -139,6 +164,8 @@ pub struct ShapeBucket {
     pub centroids: u32,
     /// `heavy` rounded up to a power of two (0 stays 0).
     pub heavy_pad: u32,
+    /// Subvectors per key `M`, exact; 0: not a feature of this bucket.
+    pub subvectors: u32,
 }
 
 /// Map a launch's shape to its bucket. Pure: the same inputs always give the same bucket.
@@ -206,6 +233,7 @@ pub fn bucket_for(
         } else {
             shape.heavy.next_power_of_two()
         },
+        subvectors: shape.subvectors,
     })
 }
 
@@ -245,7 +273,11 @@ impl fmt::Display for ShapeBucket {
             self.sub_dim,
             self.centroids,
             self.heavy_pad
-        )
+        )?;
+        if self.subvectors != 0 {
+            write!(f, ":M{}", self.subvectors)?;
+        }
+        Ok(())
     }
 }
 
@@ -260,14 +292,14 @@ impl FromStr for ShapeBucket {
                 "shape bucket",
                 format!(
                     "{s:?}: {msg} (expected b{BUCKET_VERSION}:KERNEL:DTYPE[+DTYPE..]:smARCH:\
-                     rows<=R:n<=N:alignA:dsD:KK:heavy<=H)"
+                     rows<=R:n<=N:alignA:dsD:KK:heavy<=H[:MM])"
                 ),
             )
         };
         let parts: Vec<&str> = s.split(':').collect();
-        if parts.len() != 10 {
+        if parts.len() != 10 && parts.len() != 11 {
             return Err(bad(format!(
-                "{} ':'-separated fields, expected 10",
+                "{} ':'-separated fields, expected 10 or 11",
                 parts.len()
             )));
         }
@@ -304,7 +336,17 @@ impl FromStr for ShapeBucket {
             sub_dim: small(7, "ds")?,
             centroids: small(8, "K")?,
             heavy_pad: small(9, "heavy<=")?,
+            subvectors: if parts.len() == 11 {
+                small(10, "M")?
+            } else {
+                0
+            },
         };
+        if parts.len() == 11 && b.subvectors == 0 {
+            return Err(bad(
+                "M must be at least 1 (leave the field out instead)".into()
+            ));
+        }
         check_name("kernel name", kernel)?;
         for d in &dtypes {
             check_name("shape bucket dtype", d)?;

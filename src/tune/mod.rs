@@ -17,6 +17,8 @@
 //! - [`table`]: [`TuningTable`], its JSON schema, atomic merge-on-save persistence in the
 //!   user cache dir, import/export, and the launch-time lookup ([`TuningTable::winner`],
 //!   [`TuningTable::select`]).
+//! - [`choice`]: [`choose_variant`], the launch-time rule (an override, else the
+//!   table's current winner, else the default) and [`VariantOrigin`] for reports.
 //! - [`procedure`]: the tuning procedure over any backend implementing [`TuneTarget`]
 //!   (the GPU backend times with CUDA events; tests use a dummy CPU backend).
 //!
@@ -31,11 +33,13 @@
 
 pub mod bucket;
 pub mod candidate;
+pub mod choice;
 pub mod procedure;
 pub mod table;
 
 pub use bucket::{align_of, bucket_for, ShapeBucket, ShapeFeatures, ALIGN_CAP};
 pub use candidate::{Candidate, CandidateSet};
+pub use choice::{choose_variant, VariantChoice, VariantOrigin};
 pub use procedure::{
     compare_exact, compare_f32, input_sets_for, render_report, render_summary, tune, OutputCheck,
     TimingPlan, TimingStats, TuneSettings, TuneTarget,

@@ -35,31 +35,46 @@
 //! - `pq_score_lut.q_<qt>`: the same scores from the runtime's u8 code state
 //!   `[B, H_kv, M, cap]` through a per-head lookup table; scores `[B*H, n]`; grid
 //!   `(cdiv(n, BLOCK), B*H)`. Compared like v6.
-//! - `pq_select.h<K_PAD>.q_<qt>.w_<wt>`: the decode step's select kernel, tuned through
-//!   [`crate::pq::gpu::GpuIndexer`] with `select_variant = Some(id)`: each step quantizes one new key and
-//!   selects, so a "launch" is one whole decode step (CUDA-graph replay of the step, which
-//!   is one select-kernel launch, as `tritonrt run`/`bench` issue it). Outputs
-//!   (`sparse_list`, `sparse_len`, `weight_list`, codes) must equal the default variant's
-//!   exactly; if they do not, the spec's rule ([`crate::pq::check()`]) decides, since a
-//!   variant may order a near-tie differently (counted in the entry's workload text).
+//! - the decode step's kernels (every kernel a step of the workload launches: for the
+//!   practical workloads `pq_emit` with `pq_thresh` or with `pq_rlut` and `pq_rround`, for
+//!   the reference workload `pq_index` (and `pq_wfill`), `pq_quant` for steps with several
+//!   new keys, `pq_select` or `pq_hist` where the step takes them), tuned through
+//!   [`crate::pq::gpu::GpuIndexer`]: each candidate's indexer runs that variant
+//!   (an override) and every other kernel at its current choice (the tuning table being
+//!   written, else the manifest default), so tuning the step's kernels one after the
+//!   other is a coordinate pass; a "launch" is one whole decode step (CUDA-graph replay
+//!   of the step, as `tritonrt run`/`bench` issue it). Outputs (`sparse_list`,
+//!   `sparse_len`, `weight_list`, codes) must equal the default variant's exactly; if
+//!   they do not, the spec's rule ([`crate::pq::check()`]) decides, since a variant may
+//!   order a near-tie differently (counted in the entry's workload text). Their bucket is
+//!   [`step_bucket`] at the workload's shape, what the indexer looks up at creation.
 //!
-//! [`tuned_select_variant`] is the launch-time side: the tuned select variant for a
-//! config and shape from the default tuning table, if a current entry exists.
+//! With no kernel named, a workload tunes every kernel its step launches that has more
+//! than one variant ([`default_kernels`]); the default workloads are the practical ones
+//! and the reference ([`default_workloads`]).
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::artifact::{ArtifactStore, Variant};
+use crate::artifact::ArtifactStore;
 use crate::driver::device::Device;
 use crate::error::{Error, Result};
-use crate::pq::gpu::select_kernel_name;
+use crate::pq::gpu::{select_kernel_name, KernelChoice, SelectPath, StepPlan};
+use crate::pq::kernels::Kernels;
+use crate::pq::matrix::bench_matrix;
+use crate::pq::plan::plan_step;
 use crate::pq::Workload;
 use crate::pq::{DType, PqConfig, Shape};
 use crate::runtime::Runtime;
 use crate::tune::bucket::{bucket_for, ShapeBucket, ShapeFeatures};
-use crate::tune::candidate::{Candidate, CandidateSet};
+use crate::tune::candidate::CandidateSet;
 use crate::tune::procedure::TuneTarget;
-use crate::tune::table::{DeviceKey, SelectionSource, TuningTable};
+use crate::tune::table::DeviceKey;
+
+pub use crate::pq::variants::{
+    device_candidates, device_key, runtime_table, step_bucket, TABLE_ENV,
+};
 
 /// The upstream scoring kernel's logical name.
 pub const SCORE_V6: &str = "pq_score_kernel_v6";
@@ -67,6 +82,20 @@ pub const SCORE_V6: &str = "pq_score_kernel_v6";
 pub const SCORE_LUT_PREFIX: &str = "pq_score_lut.q_";
 /// Prefix of the select kernels (`pq_select.h<K_PAD>.q_<qt>.w_<wt>`).
 pub const SELECT_PREFIX: &str = "pq_select.h";
+/// Prefixes of the decode step's kernels, tuned through the indexer (a step of the
+/// workload must launch the kernel).
+pub const STEP_PREFIXES: [&str; 10] = [
+    SELECT_PREFIX,
+    "pq_hist.",
+    "pq_thresh.",
+    "pq_emit.",
+    "pq_index.",
+    "pq_wfill.",
+    "pq_rlut.",
+    "pq_rround.",
+    "pq_quant.",
+    "pq_short.",
+];
 /// Relative tolerance when comparing a scoring variant's fp32 scores with the default's.
 pub const SCORE_RTOL: f32 = 1e-4;
 /// Absolute tolerance (score units) for the same comparison: scores of standard-normal
@@ -85,14 +114,118 @@ pub struct GpuRequest {
     pub device: usize,
     /// The ptx_cache directory holding `manifest.json`.
     pub ptx_cache: PathBuf,
-    /// Logical kernel names to tune; empty means the tunable kernels of each workload
-    /// ([`default_kernels`]). `pq_select` and `pq_score_lut` are accepted as shorthands
-    /// for the workload's select kernel and `pq_score_lut.q_fp32`.
+    /// Logical kernel names to tune; empty means the kernels each workload's step
+    /// launches that have more than one variant ([`default_kernels`]). `pq_select` and
+    /// `pq_score_lut` are accepted as shorthands for the workload's select kernel and
+    /// `pq_score_lut.q_fp32`.
     pub kernels: Vec<String>,
     /// Workloads to tune for (one bucket per kernel and workload).
-    pub workloads: Vec<Workload>,
+    pub workloads: Vec<StepWorkload>,
     /// Seed of the generated inputs.
     pub seed: u64,
+    /// New keys per decode step of the step kernels' targets (1: a decode step; more:
+    /// the step quantizes them with `pq_quant` first, which is then tuned too). At least 1.
+    pub new_keys: usize,
+    /// The tuning table the step targets' indexers read for the kernels not under test
+    /// (their current choice: entries saved by earlier targets of the same run count);
+    /// None: [`runtime_table`]'s.
+    pub table: Option<PathBuf>,
+}
+
+/// A workload of the step tuner: a named config (dtypes included) and shape (`shape.s`
+/// the step's `S`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepWorkload {
+    /// Name for reports (`reference`, `practical-m2b8`, `custom`, ...).
+    pub name: String,
+    /// The config.
+    pub cfg: PqConfig,
+    /// The shape, `S` included.
+    pub shape: Shape,
+}
+
+impl StepWorkload {
+    /// The same sizes as a [`Workload`] (the scoring kernels' targets take one; fp32).
+    pub fn workload(&self) -> Workload {
+        let (c, sh) = (&self.cfg, &self.shape);
+        Workload {
+            name: self.name.clone(),
+            batch: sh.b as u64,
+            heads: sh.h as u64,
+            kv_heads: sh.h_kv as u64,
+            seq_len: sh.s as u64,
+            head_dim: sh.d as u64,
+            subvectors: c.pq_group_factor as u64,
+            bits: c.pq_bits,
+            sink: c.sink_size,
+            window: c.window_size,
+            heavy: c.heavy_size,
+            init_offset: c.init_offset as u64,
+        }
+    }
+}
+
+impl From<Workload> for StepWorkload {
+    fn from(w: Workload) -> Self {
+        StepWorkload {
+            cfg: w.config(),
+            shape: w.shape(),
+            name: w.name,
+        }
+    }
+}
+
+impl std::fmt::Display for StepWorkload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sh = &self.shape;
+        write!(
+            f,
+            "{}: B={} H={} H_kv={} S={} D={} {}",
+            self.name, sh.b, sh.h, sh.h_kv, sh.s, sh.d, self.cfg
+        )
+    }
+}
+
+impl FromStr for StepWorkload {
+    type Err = Error;
+
+    /// A row of the bench matrix by name (`practical-m2b6`, `practical-m2b8`,
+    /// `practical-m4b8`, `practical-large`, `heavy-512`, ...: [`bench_matrix`]), else a
+    /// [`Workload`] (`reference`, `large`, `B,H,H_kv,S,D[,M[,bits[,heavy]]]`, fp32).
+    fn from_str(s: &str) -> Result<Self> {
+        let name = s.trim();
+        if let Some(r) = bench_matrix().into_iter().find(|r| r.name == name) {
+            return Ok(StepWorkload {
+                name: r.name,
+                cfg: r.cfg,
+                shape: r.shape,
+            });
+        }
+        match name.parse::<Workload>() {
+            Ok(w) => Ok(w.into()),
+            Err(e) => {
+                let rows: Vec<String> = bench_matrix().into_iter().map(|r| r.name).collect();
+                Err(Error::invalid(
+                    "workload",
+                    format!("{e}; or a row of the bench matrix: {}", rows.join(", ")),
+                ))
+            }
+        }
+    }
+}
+
+/// The workloads `tritonrt autotune` tunes when none is named: the practical ones (bf16,
+/// heavy `floor(0.0921875 S)`, `(M, bits)` in (2, 6), (2, 8), (4, 8)) and the reference.
+pub fn default_workloads() -> Vec<StepWorkload> {
+    [
+        "practical-m2b6",
+        "practical-m2b8",
+        "practical-m4b8",
+        "reference",
+    ]
+    .iter()
+    .filter_map(|n| n.parse().ok())
+    .collect()
 }
 
 /// The GPU backend's answer: the device identity and one target per kernel and bucket.
@@ -102,9 +235,13 @@ pub struct GpuSession {
     /// The device the targets time on (keys the table entries).
     pub device: DeviceKey,
     /// One target per (workload, kernel): workloads in request order, kernels in request
-    /// order within each. Targets allocate their inputs at first use and free them when
-    /// dropped, so tune and drop them one at a time.
+    /// order within each (a step's kernels in launch order). Targets allocate their
+    /// inputs at first use and free them when dropped, so tune and drop them one at a
+    /// time.
     pub targets: Vec<Box<dyn TuneTarget>>,
+    /// Per workload, what its step launches and why a kernel is not tuned (one variant),
+    /// for the report.
+    pub notes: Vec<String>,
 }
 
 impl std::fmt::Debug for GpuSession {
@@ -116,15 +253,6 @@ impl std::fmt::Debug for GpuSession {
     }
 }
 
-/// The table key of a device: name, arch and driver version as the driver reports them.
-pub fn device_key(dev: &Device) -> DeviceKey {
-    DeviceKey::new(
-        dev.name(),
-        dev.arch(),
-        u32::try_from(dev.driver_version()).unwrap_or(0),
-    )
-}
-
 /// The device's L2 cache size in bytes ([`DEFAULT_L2_BYTES`] if the driver does not say).
 pub fn l2_bytes(dev: &Device) -> u64 {
     dev.context()
@@ -132,15 +260,6 @@ pub fn l2_bytes(dev: &Device) -> u64 {
         .ok()
         .filter(|&v| v > 0)
         .map_or(DEFAULT_L2_BYTES, |v| v as u64)
-}
-
-/// The sha256 of the artifact that is loaded for `v` on a device of compute capability
-/// `cc`: the cubin when it was built for exactly this arch, else the PTX (JIT).
-fn artifact_sha(v: &Variant, cc: (u32, u32)) -> String {
-    match &v.cubin {
-        Some(c) if v.cubin_matches(cc) => c.sha256.clone(),
-        _ => v.ptx.sha256.clone(),
-    }
 }
 
 /// The competing variants of logical kernel `kernel` on a device of compute capability
@@ -163,22 +282,7 @@ pub fn candidate_set(store: &ArtifactStore, kernel: &str, cc: (u32, u32)) -> Res
             ),
         ));
     }
-    let default = store.select_for_device(kernel, cc)?;
-    let candidates: Vec<Candidate> = store
-        .variants(kernel)
-        .into_iter()
-        .filter(|v| v.arch == default.arch && v.usable_on(cc))
-        .map(|v| {
-            Candidate::new(
-                v.id.clone(),
-                v.kernel.clone(),
-                v.source_hash.clone(),
-                artifact_sha(v, cc),
-                v.id == default.id,
-            )
-        })
-        .collect();
-    CandidateSet::new(kernel, candidates)
+    device_candidates(store, kernel, cc)
 }
 
 /// The logical kernels in `store` that this backend can tune (sorted, distinct).
@@ -194,41 +298,68 @@ pub fn tunable_kernels(store: &ArtifactStore) -> Vec<String> {
     names
 }
 
-/// The kernels tuned for workload `w` when none are named: `pq_score_kernel_v6`, the
-/// select kernel `w`'s config uses (fp32 query and weights), and `pq_score_lut.q_fp32`.
+/// The step a workload's decode step runs with `new_keys` new keys under `path`: its plan
+/// and the kernels it launches (logical names, launch order, each once), on `rt`'s GPU
+/// with the manifest defaults (which variants run does not change which kernels do).
 ///
 /// # Errors
 ///
-/// `heavy` above the compiled top-k widths ([`select_kernel_name`]).
-pub fn default_kernels(w: &Workload) -> Result<Vec<String>> {
-    Ok(vec![
-        SCORE_V6.to_string(),
-        select_kernel_name(&w.config(), w.seq_len as usize)?,
-        format!("{SCORE_LUT_PREFIX}fp32"),
-    ])
+/// The config's validation, a kernel missing from the manifest, the plan's refusal.
+pub fn step_kernels(
+    rt: &Runtime,
+    w: &StepWorkload,
+    new_keys: usize,
+    path: SelectPath,
+) -> Result<(StepPlan, Vec<String>)> {
+    let (cfg, sh) = (&w.cfg, &w.shape);
+    cfg.validate(sh)?;
+    let ks = Kernels::load(rt, cfg, sh, &KernelChoice::manifest_defaults())?;
+    let facts = ks.facts(rt.device().sm_count());
+    let n = cfg.n_quantized(sh.s);
+    let plan = plan_step(cfg, sh, sh.s, n.saturating_sub(new_keys), path, &facts)?;
+    // contiguous keys [B, H_kv, S, D] at an aligned address: the usual cache layout
+    let strides = [
+        (sh.h_kv * sh.s * sh.d) as i64,
+        (sh.s * sh.d) as i64,
+        sh.d as i64,
+    ];
+    let names = ks
+        .launched(&plan, 1 << 20, strides, cfg.d_sub(sh.d))
+        .into_iter()
+        .map(|k| k.variant().kernel.clone())
+        .collect();
+    Ok((plan, names))
 }
 
-/// The bucket of a select-kernel launch: kernel `select_kernel_name(cfg)`, dtypes
-/// `[query, weights]`, decode features (rows `B*H`, `n = S - init_offset`, alignment 1,
-/// `d_s`, `K`, `heavy`). The same function serves tuning and lookup, so the two agree.
+/// The kernels tuned for workload `w` when none are named: every kernel its decode step
+/// (`new_keys` new keys, [`SelectPath::Auto`]) launches that has more than one variant on
+/// this GPU, in launch order; and a note per kernel left out.
 ///
 /// # Errors
 ///
-/// As [`select_kernel_name`] and [`bucket_for`].
-pub fn select_bucket(cfg: &PqConfig, shape: &Shape, arch: u32) -> Result<ShapeBucket> {
-    let name = select_kernel_name(cfg, shape.s)?;
-    bucket_for(
-        &name,
-        &[cfg.input_dtype.as_str(), cfg.weight_dtype.as_str()],
-        arch,
-        &ShapeFeatures::decode(
-            (shape.b * shape.h) as u64,
-            cfg.n_quantized(shape.s) as u64,
-            cfg.d_sub(shape.d) as u32,
-            cfg.k_centroids() as u32,
-            u32::try_from(cfg.heavy_at(shape.s)).unwrap_or(u32::MAX),
-        ),
-    )
+/// As [`step_kernels`] and [`candidate_set`].
+pub fn default_kernels(
+    rt: &Runtime,
+    w: &StepWorkload,
+    new_keys: usize,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let (plan, names) = step_kernels(rt, w, new_keys, SelectPath::Auto)?;
+    let mut tuned = Vec::new();
+    let mut notes = Vec::new();
+    for name in names {
+        let set = candidate_set(rt.store(), &name, rt.device().cc())?;
+        if set.candidates().len() > 1 {
+            tuned.push(name);
+        } else {
+            notes.push(format!(
+                "{}: its step ({}) launches {name}, which has one variant on this GPU: \
+                 nothing to tune",
+                w.name,
+                plan.kind.name()
+            ));
+        }
+    }
+    Ok((tuned, notes))
 }
 
 /// The bucket of a scoring kernel (`pq_score_kernel_v6`, `pq_score_lut.q_<qt>`) for
@@ -245,50 +376,6 @@ pub fn score_bucket(kernel: &str, dtype: &str, w: &Workload, arch: u32) -> Resul
         arch,
         &ShapeFeatures::decode(f.rows, f.n_keys, f.sub_dim, f.centroids, 0),
     )
-}
-
-/// Environment variable naming the tuning table file (as `tritonrt autotune --table`);
-/// when unset or empty the default path ([`crate::tune::table::default_path`]) is used.
-pub const TABLE_ENV: &str = "TRITONRT_TUNING_TABLE";
-
-/// The tuning table the runtime reads at launch: `$TRITONRT_TUNING_TABLE` when set, else
-/// [`TuningTable::open_default`]. Never fails: a missing table is empty, a corrupt one
-/// is ignored with one warning.
-pub fn runtime_table() -> TuningTable {
-    match std::env::var_os(TABLE_ENV) {
-        Some(p) if !p.is_empty() => TuningTable::open(std::path::Path::new(&p)),
-        _ => TuningTable::open_default(),
-    }
-}
-
-/// The tuned select-kernel variant for this device, config and shape, from the runtime's
-/// tuning table ([`runtime_table`]); `None` when no current entry exists or the default
-/// variant won (the caller then uses the manifest default). A corrupt table is ignored
-/// with one warning. Cost: one small file read and a few hashes; call it once per
-/// indexer.
-pub fn tuned_select_variant(rt: &Arc<Runtime>, cfg: &PqConfig, shape: &Shape) -> Option<String> {
-    tuned_select_variant_in(&runtime_table(), rt, cfg, shape)
-}
-
-/// [`tuned_select_variant`] with an explicit table.
-pub fn tuned_select_variant_in(
-    table: &TuningTable,
-    rt: &Arc<Runtime>,
-    cfg: &PqConfig,
-    shape: &Shape,
-) -> Option<String> {
-    if table.is_empty() {
-        return None;
-    }
-    let dev = rt.device();
-    let name = select_kernel_name(cfg, shape.s).ok()?;
-    let set = candidate_set(rt.store(), &name, dev.cc()).ok()?;
-    let bucket = select_bucket(cfg, shape, dev.arch()).ok()?;
-    let sel = table.select(&device_key(dev), &set, &bucket);
-    match sel.source {
-        SelectionSource::Tuned { .. } => Some(sel.variant),
-        SelectionSource::Default(_) => None,
-    }
 }
 
 /// Build the GPU tuning targets for `req` on a runtime opened on `req.device` with
@@ -335,22 +422,33 @@ pub fn gpu_targets_on(rt: Arc<Runtime>, req: &GpuRequest) -> Result<GpuSession> 
     if req.workloads.is_empty() {
         return Err(Error::invalid("workload", "no workload to tune for"));
     }
+    if req.new_keys == 0 {
+        return Err(Error::invalid(
+            "new keys",
+            "expected at least 1 new key per step, got 0",
+        ));
+    }
     let dev = rt.device().clone();
     let l2 = l2_bytes(&dev);
     let mut targets: Vec<Box<dyn TuneTarget>> = Vec::new();
+    let mut notes = Vec::new();
     for (wi, w) in req.workloads.iter().enumerate() {
-        w.validate()?;
-        if w.n_keys() < 2 {
+        w.cfg.validate(&w.shape)?;
+        let n = w.cfg.n_quantized(w.shape.s);
+        if n < req.new_keys + 1 {
             return Err(Error::invalid(
                 "workload",
                 format!(
-                    "{w}: S - init_offset = {} quantized keys, expected at least 2",
-                    w.n_keys()
+                    "{w}: S - init_offset = {n} quantized keys, expected more than the {} \
+                     new key(s) per step",
+                    req.new_keys
                 ),
             ));
         }
         let names = if req.kernels.is_empty() {
-            default_kernels(w)?
+            let (names, why) = default_kernels(&rt, w, req.new_keys)?;
+            notes.extend(why);
+            names
         } else {
             req.kernels
                 .iter()
@@ -361,12 +459,30 @@ pub fn gpu_targets_on(rt: Arc<Runtime>, req: &GpuRequest) -> Result<GpuSession> 
             let set = candidate_set(rt.store(), name, dev.cc())?;
             let seed = req.seed ^ ((wi as u64) << 40) ^ ((ki as u64) << 48);
             let t: Box<dyn TuneTarget> = match kind_of(name) {
-                Some(Kind::ScoreV6) => Box::new(ScoreV6Target::new(rt.clone(), set, w, l2, seed)?),
-                Some(Kind::ScoreLut(qt)) => {
-                    Box::new(ScoreLutTarget::new(rt.clone(), set, w, qt, l2, seed)?)
-                }
-                Some(Kind::Select(qt, wt)) => {
-                    Box::new(SelectTarget::new(rt.clone(), set, w, qt, wt, l2, seed)?)
+                Some(Kind::ScoreV6) => Box::new(ScoreV6Target::new(
+                    rt.clone(),
+                    set,
+                    &w.workload(),
+                    l2,
+                    seed,
+                )?),
+                Some(Kind::ScoreLut(qt)) => Box::new(ScoreLutTarget::new(
+                    rt.clone(),
+                    set,
+                    &w.workload(),
+                    qt,
+                    l2,
+                    seed,
+                )?),
+                Some(Kind::Step) => {
+                    let path = path_launching(&rt, w, req.new_keys, name)?;
+                    let spec = StepSpec {
+                        workload: w.clone(),
+                        path,
+                        new_keys: req.new_keys,
+                        table: req.table.clone(),
+                    };
+                    Box::new(StepTarget::new(rt.clone(), set, spec, l2, seed)?)
                 }
                 None => {
                     return Err(Error::invalid(
@@ -386,12 +502,52 @@ pub fn gpu_targets_on(rt: Arc<Runtime>, req: &GpuRequest) -> Result<GpuSession> 
         device: device_key(&dev),
         runtime: rt,
         targets,
+        notes,
     })
 }
 
-fn resolve_alias(name: &str, w: &Workload) -> Result<String> {
+/// The select path under which `w`'s step launches kernel `name`: [`SelectPath::Auto`]
+/// where it does (what runs), else the first forced path that does.
+///
+/// # Errors
+///
+/// [`Error::Invalid`] naming the kernels the step launches when no path launches `name`.
+fn path_launching(
+    rt: &Runtime,
+    w: &StepWorkload,
+    new_keys: usize,
+    name: &str,
+) -> Result<SelectPath> {
+    let (_, auto) = step_kernels(rt, w, new_keys, SelectPath::Auto)?;
+    if auto.iter().any(|k| k == name) {
+        return Ok(SelectPath::Auto);
+    }
+    for path in [
+        SelectPath::Chunked,
+        SelectPath::Hist,
+        SelectPath::Split,
+        SelectPath::IndexWfill,
+        SelectPath::IndexCompanion,
+    ] {
+        if let Ok((_, ks)) = step_kernels(rt, w, new_keys, path) {
+            if ks.iter().any(|k| k == name) {
+                return Ok(path);
+            }
+        }
+    }
+    Err(Error::invalid(
+        "kernel",
+        format!(
+            "{name}: no decode step of workload {w} with {new_keys} new key(s) launches it \
+             under any select path; its step launches {}",
+            auto.join(", ")
+        ),
+    ))
+}
+
+fn resolve_alias(name: &str, w: &StepWorkload) -> Result<String> {
     Ok(match name {
-        "pq_select" | "select" => select_kernel_name(&w.config(), w.seq_len as usize)?,
+        "pq_select" | "select" => select_kernel_name(&w.cfg, w.shape.s)?,
         "pq_score_lut" | "lut" => format!("{SCORE_LUT_PREFIX}fp32"),
         "v6" | "pq_score" => SCORE_V6.to_string(),
         other => other.to_string(),
@@ -403,7 +559,8 @@ fn resolve_alias(name: &str, w: &Workload) -> Result<String> {
 enum Kind {
     ScoreV6,
     ScoreLut(DType),
-    Select(DType, DType),
+    /// A kernel of the decode step, timed through the indexer.
+    Step,
 }
 
 fn kind_of(name: &str) -> Option<Kind> {
@@ -413,22 +570,17 @@ fn kind_of(name: &str) -> Option<Kind> {
     if let Some(qt) = name.strip_prefix(SCORE_LUT_PREFIX) {
         return qt.parse().ok().map(Kind::ScoreLut);
     }
-    let rest = name.strip_prefix(SELECT_PREFIX)?;
-    let mut parts = rest.split('.');
-    let (kp, q, wt) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() || kp.parse::<usize>().is_err() {
-        return None;
-    }
-    let qt = q.strip_prefix("q_")?.parse().ok()?;
-    let wt = wt.strip_prefix("w_")?.parse().ok()?;
-    Some(Kind::Select(qt, wt))
+    STEP_PREFIXES
+        .iter()
+        .any(|p| name.starts_with(p) && name.len() > p.len())
+        .then_some(Kind::Step)
 }
 
 mod common;
 mod score_lut;
 mod score_v6;
-mod select;
+mod step;
 
 use score_lut::ScoreLutTarget;
 use score_v6::ScoreV6Target;
-use select::SelectTarget;
+use step::{StepSpec, StepTarget};

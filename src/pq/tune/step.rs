@@ -1,11 +1,13 @@
-//! The select kernel (`pq_select`) tuning target, timed through the indexer.
+//! The decode step's kernels as tuning targets (`pq_emit`, `pq_rround`, `pq_index`,
+//! `pq_quant`, `pq_select`, ...), each timed through the indexer: one whole decode step
+//! with the kernel under test at the candidate variant and every other kernel at its
+//! current choice.
 
 use super::common::*;
 use super::*;
 use crate::error::{Error, Result};
-use crate::pq::gpu::{select_kernel_name, DeviceTensorRef, GpuIndexer, LaunchMode};
-use crate::pq::Workload;
-use crate::pq::{DType, PqConfig, PqInputs, PqOutput, Shape};
+use crate::pq::gpu::{DeviceTensorRef, GpuIndexer, LaunchMode};
+use crate::pq::{PqConfig, PqInputs, PqOutput, Shape};
 use crate::runtime::Runtime;
 use crate::tune::bucket::ShapeBucket;
 use crate::tune::candidate::{Candidate, CandidateSet};
@@ -16,7 +18,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------------
-// pq_select.h<K_PAD>.q_<qt>.w_<wt>, through GpuIndexer
+// any kernel of the decode step, through GpuIndexer
+
+/// What a step target runs: the workload, the select path under which its step launches
+/// the kernel under test, the new keys per step, and the table the other kernels' choices
+/// come from.
+pub(super) struct StepSpec {
+    pub workload: StepWorkload,
+    pub path: SelectPath,
+    pub new_keys: usize,
+    pub table: Option<PathBuf>,
+}
 
 pub(super) struct SelectState {
     pub(super) stream: Arc<CudaStream>,
@@ -32,12 +44,13 @@ pub(super) struct SelectState {
     pub(super) oracle: Vec<Option<PqOutput>>,
 }
 
-/// The select kernel on one workload, through the decode step (see the module docs).
-pub(super) struct SelectTarget {
+/// One kernel of the decode step on one workload, through the indexer (see the module
+/// docs).
+pub(super) struct StepTarget {
     pub(super) rt: Arc<Runtime>,
     pub(super) set: CandidateSet,
     pub(super) bucket: ShapeBucket,
-    pub(super) workload: Workload,
+    pub(super) spec: StepSpec,
     pub(super) cfg: PqConfig,
     pub(super) shape: Shape,
     pub(super) n_sets: usize,
@@ -47,43 +60,25 @@ pub(super) struct SelectTarget {
     pub(super) spec_only: Vec<String>,
 }
 
-impl SelectTarget {
+impl StepTarget {
     pub(super) fn new(
         rt: Arc<Runtime>,
         set: CandidateSet,
-        w: &Workload,
-        qt: DType,
-        wt: DType,
+        spec: StepSpec,
         l2: u64,
         seed: u64,
     ) -> Result<Self> {
-        let cfg = PqConfig {
-            input_dtype: qt,
-            weight_dtype: wt,
-            ..w.config()
-        };
-        let shape = w.shape();
+        let (cfg, shape) = (spec.workload.cfg, spec.workload.shape);
         cfg.validate(&shape)?;
-        let name = set.kernel().to_string();
-        let want = select_kernel_name(&cfg, shape.s)?;
-        if want != name {
-            return Err(Error::invalid(
-                "kernel",
-                format!(
-                    "{name} does not serve workload {w}: heavy={} (at S = {}) uses {want} \
-                     (the smallest compiled top-k width >= heavy)",
-                    cfg.heavy_at(shape.s),
-                    shape.s
-                ),
-            ));
-        }
-        let bucket = select_bucket(&cfg, &shape, rt.device().arch())?;
-        let me = SelectTarget {
+        let wt = cfg.weight_dtype;
+        let bucket = step_bucket(set.kernel(), &cfg, &shape, rt.device().arch())?;
+        let w = spec.workload.clone();
+        let me = StepTarget {
             n_sets: 1,
             rt,
             set,
             bucket,
-            workload: w.clone(),
+            spec,
             cfg,
             shape,
             seed,
@@ -96,7 +91,7 @@ impl SelectTarget {
             + rows * shape.s * wt.size_bytes()
             + rows * cfg.total(shape.s) * 8;
         let n_sets = input_sets_for(bytes as u64, l2);
-        let me = SelectTarget { n_sets, ..me };
+        let me = StepTarget { n_sets, ..me };
         for s in 0..n_sets {
             let ss = me.set_s(s);
             if cfg.is_short(ss) {
@@ -104,7 +99,7 @@ impl SelectTarget {
                     "workload",
                     format!(
                         "{w}: S={ss} takes the short path (S <= heavy + init_offset + 1 + K = \
-                         {}), where the select kernel does not run",
+                         {}), where only pq_short runs",
                         cfg.short_threshold(ss)
                     ),
                 ));
@@ -119,9 +114,11 @@ impl SelectTarget {
         set_n(n, self.bucket.n_align, s, self.n_sets) + self.cfg.init_offset
     }
 
-    /// Cached keys before a step of set `s`: every key but the new one.
+    /// Cached keys before a step of set `s`: every key but the step's new ones.
     fn set_n_cached(&self, s: usize) -> usize {
-        PqInputs::default_n_cached(&self.cfg, self.set_s(s))
+        self.cfg
+            .n_quantized(self.set_s(s))
+            .saturating_sub(self.spec.new_keys)
     }
 
     fn state(&mut self) -> std::result::Result<&mut SelectState, String> {
@@ -201,10 +198,18 @@ impl SelectTarget {
         let (cfg, sh) = (self.cfg, self.shape);
         let (ss, nc) = (self.set_s(s), self.set_n_cached(s));
         let rt = self.rt.clone();
+        let (spec_table, path) = (self.spec.table.clone(), self.spec.path);
+        let kernel = self.set.kernel().to_string();
         let st = self.state()?;
         if st.indexers.contains_key(&(id.to_string(), s)) {
             return Ok(());
         }
+        // the candidate under test; every other kernel at its current choice
+        let base = match &spec_table {
+            Some(p) => KernelChoice::new().with_table_file(p),
+            None => KernelChoice::new(),
+        };
+        let choice = base.with_variant(kernel, id);
         let mut ix = GpuIndexer::new(
             rt,
             st.stream.clone(),
@@ -212,9 +217,10 @@ impl SelectTarget {
             sh,
             &st.base.centroids,
             st.base.phi.as_deref(),
-            Some(id),
+            &choice,
         )
         .map_err(err_s)?;
+        ix.set_select_path(path);
         ix.import_codes(&st.set_codes[s], nc).map_err(err_s)?;
         ix.prepare(ss).map_err(err_s)?;
         st.indexers.insert((id.to_string(), s), ix);
@@ -279,7 +285,7 @@ pub(super) fn compare_outputs(want: &PqOutput, got: &PqOutput) -> OutputCheck {
     OutputCheck::Matches
 }
 
-impl TuneTarget for SelectTarget {
+impl TuneTarget for StepTarget {
     fn candidates(&self) -> &CandidateSet {
         &self.set
     }
@@ -288,12 +294,15 @@ impl TuneTarget for SelectTarget {
     }
     fn workload(&self) -> String {
         let mut s = format!(
-            "{}; decode steps through GpuIndexer (query {}, weights {}, metric {}), one new \
-             key per step; input set {} has S={} (odd n, for the align1 bucket)",
-            self.workload,
+            "{}; decode steps through GpuIndexer (select path {:?}, query {}, weights {}, \
+             metric {}), {} new key(s) per step, the other kernels at their current choice; \
+             input set {} has S={} (odd n, for the align1 bucket)",
+            self.spec.workload,
+            self.spec.path,
             self.cfg.input_dtype,
             self.cfg.weight_dtype,
             self.cfg.metric,
+            self.spec.new_keys,
             self.n_sets - 1,
             self.set_s(self.n_sets - 1)
         );
@@ -306,8 +315,8 @@ impl TuneTarget for SelectTarget {
         s
     }
     fn timer(&self) -> String {
-        "CUDA events around back-to-back decode steps (CUDA-graph replay of the step: one \
-         select-kernel launch), no host sync between samples"
+        "CUDA events around back-to-back decode steps (CUDA-graph replay of the whole \
+         step), no host sync between samples"
             .into()
     }
     fn input_sets(&self) -> usize {
@@ -414,15 +423,21 @@ mod tests {
         assert_eq!(kind_of("pq_score_kernel_v6"), Some(Kind::ScoreV6));
         assert_eq!(
             kind_of("pq_score_lut.q_bf16"),
-            Some(Kind::ScoreLut(DType::BF16))
+            Some(Kind::ScoreLut(crate::pq::DType::BF16))
         );
-        assert_eq!(
-            kind_of("pq_select.h256.q_fp16.w_fp32"),
-            Some(Kind::Select(DType::F16, DType::F32))
-        );
-        assert_eq!(kind_of("pq_select.hx.q_fp16.w_fp32"), None);
-        assert_eq!(kind_of("pq_select.h128.q_fp16"), None);
-        assert_eq!(kind_of("pq_short.w_fp32"), None);
+        for k in [
+            "pq_select.h256.q_fp16.w_fp32",
+            "pq_emit.m2.w_bf16",
+            "pq_rround.m4",
+            "pq_quant.a16.k_bf16",
+            "pq_index.m2.q_fp32.w_fp32",
+            "pq_wfill.w_fp32",
+            "pq_short.w_fp32",
+        ] {
+            assert_eq!(kind_of(k), Some(Kind::Step), "{k}");
+        }
+        assert_eq!(kind_of("pq_emit."), None);
+        assert_eq!(kind_of("pq_km_assign.k_fp32"), None);
         assert_eq!(kind_of("axpy_kernel"), None);
     }
 
@@ -454,14 +469,33 @@ mod tests {
     }
 
     #[test]
-    fn select_bucket_matches_the_workload_features() {
-        let w = Workload::reference();
-        let cfg = w.config();
-        let b = select_bucket(&cfg, &w.shape(), 90).unwrap();
+    fn step_bucket_matches_the_workload_features() {
+        let w: StepWorkload = "reference".parse().unwrap();
+        let b = step_bucket("pq_index.m2.q_fp32.w_fp32", &w.cfg, &w.shape, 90).unwrap();
         assert_eq!(
             b.to_string(),
-            "b1:pq_select.h128.q_fp32.w_fp32:fp32+fp32:sm90:rows<=32:n<=32768:align1:ds64:K64:heavy<=128"
+            "b1:pq_index.m2.q_fp32.w_fp32:fp32+fp32+fp32:sm90:rows<=32:n<=32768:align1:ds64:\
+             K64:heavy<=128:M2"
         );
+        let p: StepWorkload = "practical-m2b8".parse().unwrap();
+        assert_eq!(p.cfg.pq_bits, 8);
+        assert_eq!(p.shape.h_kv, 8);
+        let names: Vec<String> = default_workloads().into_iter().map(|w| w.name).collect();
+        assert_eq!(
+            names,
+            [
+                "practical-m2b6",
+                "practical-m2b8",
+                "practical-m4b8",
+                "reference"
+            ]
+        );
+        let e = "practical-m9"
+            .parse::<StepWorkload>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("practical-m2b8"), "{e}");
+        use crate::pq::Workload;
         let s = score_bucket(SCORE_V6, "fp32", &Workload::large(), 90).unwrap();
         assert_eq!(
             s.to_string(),
