@@ -4,6 +4,11 @@
 #   benches/device_tree.sh out    # move the ptx_cache files only sm_80 variants use to
 #                                 # $DEVICE_TREE_STASH (default /tmp/tritonrt_sm80)
 #   benches/device_tree.sh back   # move them back
+#   benches/device_tree.sh pack   # when even the sm_90 files are too many: the whole
+#                                 # ptx_cache as .carry/ptx_cache.tar.xz (name .carry/ in
+#                                 # `carry`; unpack there with `tar xJf .carry/ptx_cache.tar.xz`)
+#                                 # and every file but the manifest moved to the stash
+#   benches/device_tree.sh unpack # move them back
 #
 # An sm_90 GPU (H100, H200) never reads the sm_80 PTX: the runtime loads the variants of
 # the newest arch it runs (ARCHITECTURE.md, "Caches and the launch ABI"), and the artifact
@@ -44,8 +49,22 @@ back)
   missing=$(git status --porcelain ptx_cache | grep -c '^ D' || true)
   [ "$missing" = 0 ] || echo "note: $missing tracked ptx_cache files are not in the working tree (stale after a rebuild, or still moved out: see git status ptx_cache)" >&2
   ;;
+pack)
+  mkdir -p .carry "$STASH/all"
+  tar cf - ptx_cache | xz -6 -T2 > .carry/ptx_cache.tar.xz.part
+  mv .carry/ptx_cache.tar.xz.part .carry/ptx_cache.tar.xz
+  find ptx_cache -maxdepth 1 -type f ! -name manifest.json -exec mv -t "$STASH/all" {} +
+  echo "packed ptx_cache into .carry/ptx_cache.tar.xz ($(du -h .carry/ptx_cache.tar.xz | cut -f1)); files moved to $STASH/all"
+  ;;
+unpack)
+  n=$(find "$STASH/all" -maxdepth 1 -type f | wc -l)
+  find "$STASH/all" -maxdepth 1 -type f -exec mv -t ptx_cache {} +
+  echo "restored $n files"
+  missing=$(git status --porcelain ptx_cache | grep -c '^ D' || true)
+  [ "$missing" = 0 ] || echo "note: $missing tracked ptx_cache files are not in the working tree" >&2
+  ;;
 *)
-  echo "usage: $0 out|back" >&2
+  echo "usage: $0 out|back|pack|unpack" >&2
   exit 2
   ;;
 esac

@@ -65,7 +65,7 @@ key.
 import triton
 import triton.language as tl
 
-from kspec import Kernel, i32, i64, ptr, single
+from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import RANK_INF, RANK_NAN, _lut_tile, _mul_rn, _rank_distance, _rank_score, _row_dots
 from pq_hist import _row_ids, _row_sizes
 from pq_split import _part_scores
@@ -379,8 +379,9 @@ KERNELS = []
 for _qt in DTYPES:
     KERNELS.append(
         Kernel(name=f"pq_rlut.q_{_qt}", fn=pq_rlut_kernel, args=_rlut_args(_qt), fixed=RLUT_FIXED,
-               variants={80: single({}, 8, 1), 90: single({}, 8, 1)}))
+               variants={80: single({}, 8, 1), 90: grid({}, 8, 1, num_warps=(4, 8))}))
 for _mp in MPS:
     KERNELS.append(
         Kernel(name=f"pq_rround.m{_mp}", fn=pq_rround_kernel, args=_rround_args(), fixed=dict(RROUND_FIXED, MP=_mp),
-               variants={80: single({"TILE": 4096}, 8, 1), 90: single({"TILE": 4096}, 8, 1)}))
+               variants={80: single({"TILE": 4096}, 8, 1),
+                         90: grid({"TILE": 4096}, 8, 1, num_warps=(4, 8), TILE=(2048, 4096, 8192))}))

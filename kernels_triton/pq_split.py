@@ -272,7 +272,7 @@ MPS = (2, 4)  # pq_thresh: code rows loaded per key, M <= MP (the combination hi
 EMIT_MPS = (2, 4, 8)  # pq_emit: also M <= 8 (the radix-select path)
 THRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")}
 EMIT_FIXED = {"QB": 64}
-TUNED = {"fp32", "bf16"}
+TUNED = {"fp32", "bf16", "fp16"}
 
 
 def _thresh_args(qt):
@@ -310,7 +310,8 @@ for _mp in MPS:
     for _qt in DTYPES:
         KERNELS.append(
             Kernel(name=f"pq_thresh.m{_mp}.q_{_qt}", fn=pq_thresh_kernel, args=_thresh_args(_qt),
-                   fixed=dict(THRESH_FIXED, MP=_mp), variants={80: single({}, 8, 1), 90: single({}, 8, 1)}))
+                   fixed=dict(THRESH_FIXED, MP=_mp), variants={80: single({}, 8, 1),
+                                                                90: grid({}, 8, 1, num_warps=(4, 8))}))
 for _mp in EMIT_MPS:
     for _wt in DTYPES:
         KERNELS.append(

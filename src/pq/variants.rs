@@ -17,7 +17,7 @@ use crate::pq::config::{PqConfig, Shape};
 use crate::runtime::Runtime;
 use crate::tune::bucket::{bucket_for, ShapeBucket, ShapeFeatures};
 use crate::tune::candidate::{Candidate, CandidateSet};
-use crate::tune::choice::{choose_variant, VariantChoice};
+use crate::tune::choice::{choose_variant, VariantChoice, VariantOrigin};
 use crate::tune::table::{DeviceKey, TuningTable};
 
 /// Environment variable naming the tuning table file the indexer reads (as `tritonrt
@@ -84,6 +84,39 @@ pub fn device_candidates(
         })
         .collect();
     CandidateSet::new(kernel, candidates)
+}
+
+/// An override of logical kernel `kernel` by variant `id`: any of its variants usable on a
+/// GPU of compute capability `cc` (an older arch's PTX included, which the driver
+/// compiles for this GPU), not only the tuner's candidates.
+///
+/// Errors: [`Error::Invalid`] where `id` is no such variant, naming those there are.
+pub fn override_choice(
+    store: &ArtifactStore,
+    kernel: &str,
+    id: &str,
+    cc: (u32, u32),
+) -> Result<VariantChoice> {
+    let usable: Vec<String> = store
+        .variants(kernel)
+        .into_iter()
+        .filter(|v| v.usable_on(cc))
+        .map(|v| v.id.clone())
+        .collect();
+    if !usable.iter().any(|u| u == id) {
+        return Err(Error::invalid(
+            "variant override",
+            format!(
+                "{id} is not a variant of {kernel} usable on this GPU; its variants: {}",
+                usable.join(", ")
+            ),
+        ));
+    }
+    Ok(VariantChoice {
+        kernel: kernel.to_string(),
+        variant: id.to_string(),
+        origin: VariantOrigin::Override,
+    })
 }
 
 /// The shape bucket of logical kernel `kernel` in a decode step of `cfg` at `shape`
@@ -257,15 +290,16 @@ impl<'a> Loader<'a> {
     /// not one of its variants here, load errors.
     pub fn load(&mut self, name: &str) -> Result<Arc<Kernel>> {
         let dev = self.rt.device();
-        let set = device_candidates(self.rt.store(), name, dev.cc())?;
-        let bucket = step_bucket(name, &self.cfg, &self.shape, dev.arch())?;
-        let c = choose_variant(
-            &set,
-            self.choice.variant_for(name),
-            &self.table,
-            &self.device,
-            &bucket,
-        )?;
+        let c = match self.choice.variant_for(name) {
+            // any variant this GPU runs, an older arch's PTX too (the tuner's candidates
+            // are only the default's arch)
+            Some(id) => override_choice(self.rt.store(), name, id, dev.cc())?,
+            None => {
+                let set = device_candidates(self.rt.store(), name, dev.cc())?;
+                let bucket = step_bucket(name, &self.cfg, &self.shape, dev.arch())?;
+                choose_variant(&set, None, &self.table, &self.device, &bucket)?
+            }
+        };
         let k = self.rt.kernel_for(name, Some(&c.variant))?;
         if !self.chosen.iter().any(|x| x.kernel == c.kernel) {
             self.chosen.push(c);
