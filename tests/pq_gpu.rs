@@ -291,7 +291,7 @@ fn gpu_pipeline_matches_cpu_reference() {
                 if ok { "ok  " } else { "FAIL" },
                 i,
                 case.name,
-                ran_kind(&ex),
+                ex.kind.name(),
                 case.shape.b,
                 case.shape.h,
                 case.shape.h_kv,
@@ -668,7 +668,7 @@ fn gpu_paths_correct_beside_a_busy_stream() {
                         shape.h,
                         shape.h_kv,
                         shape.s,
-                        ran(&info),
+                        info.kind.name(),
                     );
                     if !ok {
                         failures.push(format!("{path:?} {shape:?} {per_sm}/SM {mode:?}"));
@@ -686,18 +686,6 @@ fn gpu_paths_correct_beside_a_busy_stream() {
 }
 
 /// Which select kernels a step ran, for the logs.
-fn ran(i: &StepInfo) -> &'static str {
-    match (i.short, i.index, i.companion, i.split, i.hist) {
-        (true, ..) => "short",
-        (_, true, true, ..) => "pq_index, companion fill",
-        (_, true, false, ..) => "pq_wfill + pq_index",
-        _ if i.range => "pq_rlut + pq_rround + pq_emit",
-        (_, _, _, true, _) => "pq_thresh + pq_emit",
-        (_, _, _, _, true) => "pq_hist",
-        _ => "pq_select",
-    }
-}
-
 /// The engine API refuses bad device inputs with a message naming them: a centroid
 /// buffer of the wrong length, device codes outside `0..K` (counted on the device), output
 /// buffers too small or of the wrong dtype, a key view too short for the step; and on
@@ -911,7 +899,7 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
             eprintln!(
                 "{} nonfinite, {new_keys:3} new keys, {path:?} ran {}: graph {}, rerun {} [{report}]",
                 if ok { "ok  " } else { "FAIL" },
-                ran_kind(&a),
+                a.kind.name(),
                 if a.graph_matches { "identical" } else { "DIFFERS" },
                 if same { "identical" } else { "DIFFERS" },
             );
@@ -983,22 +971,6 @@ fn gpu_heavy_above_512_on_the_histogram_family() {
     assert!(failures.is_empty(), "failed: {failures:?}");
 }
 
-fn ran_kind(ex: &tritonrt::pq::gpu::Execution) -> &'static str {
-    if ex.index_companion {
-        "index+c"
-    } else if ex.index_path {
-        "index"
-    } else if ex.range_path {
-        "radix"
-    } else if ex.split_path {
-        "split"
-    } else if ex.hist_path {
-        "hist"
-    } else {
-        "chunked"
-    }
-}
-
 /// Inputs of `cfg` at `shape` with `n_cached` codes: well-separated small integers where
 /// `exact` (their heavy sets are checked exactly), else standard normal.
 fn inputs_for(cfg: &PqConfig, shape: Shape, n_cached: usize, exact: bool, seed: u64) -> PqInputs {
@@ -1043,7 +1015,7 @@ fn checked_step(
     eprintln!(
         "{} {what} ran {}: graph {} [{report}]",
         if ok { "ok  " } else { "FAIL" },
-        ran_kind(&ex),
+        ex.kind.name(),
         if ex.graph_matches {
             "identical"
         } else {
