@@ -18,8 +18,7 @@ b)`` of ranks that holds the ``need``-th largest candidate still to place:
   ``pq_emit``'s comparisons select the same keys;
 * the row is resolved when that bin holds one value, or is no wider than ``5e-5 (1 +
   |x|)`` (half the spec's tolerance ``1e-4 (1 + |score|)``: the keys in it are near-ties,
-  taken in position order), or after the last round; else the next round bins ``[lo,
-  hi)``.
+  taken in position order); else the next round bins ``[lo, hi)``.
 
 Then ``pq_emit`` gets the split path's class bounds: ``t_sure = hi`` (every candidate at
 or above it is taken), ``t_maybe = lo``, ``need`` (candidates in ``[lo, hi)`` taken in
@@ -27,9 +26,12 @@ position order while fewer than ``need`` are). The first round has ``NB0 = 256``
 counted per CTA (``tl.histogram``) before its global atomics: with 4096 bins every key's
 atomic met the few bins where most keys fall (measured: that round then cost more than
 the others together); later rounds have 4096 bins and only the few keys in the range
-reach an atomic. Ranks span at most 2^16, so three rounds always resolve: at most 2^16 /
-256 = 256 wide after the first, 2^-4 after the second, 2^-16 (under ``5e-5``) after the
-third.
+reach an atomic. Two rounds are launched: after them a row's bin is at most ``(b - a) /
+2^20`` wide, which resolves every row whose scores span less than about ``50 (1 + |x|)``
+(the usual case). Ranks span at most 2^16, so one more round of 4096 bins always
+resolves (2^-16, under ``5e-5``): the closing CTA of the last launched round runs it alone
+over its row for the rare row still open (huge scores), instead of a third launch every
+step.
 
 ``pq_rlut_kernel``, grid ``(B*H, M, cdiv(K, BLOCK_C))``: CTA ``(r, m, i)`` writes entries
 ``i*BLOCK_C ..`` of row ``m`` of head ``r``'s lookup table ``lut f32 [B*H, M, K]`` (one
@@ -38,12 +40,12 @@ the first head of its KV group and the step has a new key (at most one: the host
 ``pq_quant`` first for more), the same CTA also finds that key's nearest centroid of its
 block (``_block_nearest``, one block of ``_nearest``'s loop) into ``qd f32 / qc i32
 [B*H_kv, M, cdiv(K, BLOCK_C)]``; the last round combines the blocks into the code as
-``_nearest`` does (``_store_code``), off the first rounds' path. CTA ``(r, 0, 0)`` also
+``_nearest`` does (``_store_code``), off the first round's path. CTA ``(r, 0, 0)`` also
 zeroes the emit's part flags ``flag i64 [B*H, NP]`` and (row 0) its ticket counter ``ctr
 i32 [1]``.
 
-``pq_rround_kernel``, grid ``(LP, B*H)``, ``LP = cdiv(w0, TILE)``, launched three times
-(``ROUND`` 0, 1, 2): CTA ``(c, r)`` scores candidates ``c*TILE ..`` of row ``r`` and adds
+``pq_rround_kernel``, grid ``(LP, B*H)``, ``LP = cdiv(w0, TILE)``, launched twice
+(``ROUND`` 0, 1): CTA ``(c, r)`` scores candidates ``c*TILE ..`` of row ``r`` and adds
 those in the range to the row's histogram ``rhist i32 [B*H, NB]`` (global atomics), then
 takes a ticket on the row's counter ``rtick i32 [B*H]``; the row's last CTA to arrive (no
 CTA waits for another) closes the round and leaves the histogram and the counter zero.
@@ -261,13 +263,12 @@ def _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, BLOCK_C: tl.con
 
 
 @triton.jit
-def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, r, r64, a, b, need, LAST, NB: tl.constexpr):
-    """The row's last CTA of a round of ``NB`` bins: keep the bin holding the ``need``-th
-    largest candidate of ``[a, b)`` (counting from the top) and its exact rank bounds,
-    then resolve the row (that bin one value, or no wider than ``5e-5 (1 + |x|)``, or
-    the last round) or narrow the range to it; leave the histogram and counter zero."""
+def _bin_bounds(cnt, a, b, need, NB: tl.constexpr):
+    """The bin ``d`` of ``NB`` bins of ``[a, b)`` (counts ``cnt``) that holds the
+    ``need``-th largest candidate (counting from the top), its exact rank bounds ``lo <= x
+    < hi`` (``_first_in``), the candidates still wanted from it, and whether the row is
+    resolved there (the bin one value, or no wider than ``5e-5 (1 + |x|)``)."""
     bins = tl.arange(0, NB)
-    cnt = tl.load(hrow + bins, cache_modifier=".cg")
     ge = tl.cumsum(cnt, axis=0, reverse=True)  # candidates in bins >= d
     d = tl.maximum(tl.max(tl.where(ge >= need, bins, -1), axis=0), 0)
     above = tl.sum(tl.where(bins == d, ge - cnt, 0), axis=0)  # in the bins above d
@@ -275,9 +276,55 @@ def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, r, r64, a, b, need, LAST, NB
     sc = NB / (b - a)
     lo = tl.where(d == 0, a, _first_in(a, b, sc, tl.maximum(d, 1), NB))
     hi = tl.where(d == NB - 1, b, _first_in(a, b, sc, tl.minimum(d + 1, NB - 1), NB))
-    one = _next_up(lo) >= hi
-    if one | LAST | ((hi - lo) <= 5e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi)))):
+    done = (_next_up(lo) >= hi) | ((hi - lo) <= 5e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi))))
+    return lo, hi, need2, done
+
+
+@triton.jit(noinline=True)
+def _finish_row(rs, hrow, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, lo, hi, need2,
+                MP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr):
+    """The last launched round's closing CTA finishing a row still open (see
+    ``_close_round``): one more pass over the row's candidates into the row's histogram of
+    ``NB`` bins of ``[lo, hi)`` by this CTA alone (global atomics), and the row resolved.
+    Not inlined, 1024 keys at a time: so the round CTAs keep their registers (M = 2, TILE
+    4096, 8 warps: 80, as with no finishing pass; inlined: 112; inlined over TILE keys at
+    a time: 128 and spills)."""
+    bins = tl.arange(0, NB)
+    # the row's histogram again (global atomics: a CTA-local histogram of NB bins would
+    # raise every round CTA's registers)
+    sc = NB / (hi - lo)
+    tl.store(hrow + bins, tl.zeros([NB], tl.int32))
+    tl.debug_barrier()
+    for j0 in range(0, w0, 1024):  # 1024 keys at a time: few registers
+        j = j0 + tl.arange(0, 1024)
+        x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
+        tl.atomic_add(hrow + _vbin(x, lo, sc, NB), tl.full([1024], 1, tl.int32),
+                      mask=(j < w0) & (x >= lo) & (x < hi), sem="relaxed")
+    tl.debug_barrier()
+    c2 = tl.load(hrow + bins, cache_modifier=".cg")
+    lo2, hi2, need3, _ = _bin_bounds(c2, lo, hi, need2, NB)
+    _resolve(bnd_ptr, need_ptr, rs, r, r64, hi2, lo2, need3)
+
+
+@triton.jit
+def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, a, b, need, LAST,
+                 MP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr):
+    """The row's last CTA of a round of ``NB`` bins: keep the bin holding the ``need``-th
+    largest candidate of ``[a, b)`` and its exact rank bounds (``_bin_bounds``), then
+    resolve the row there if it can, else narrow the range to it; after the last
+    launched round an unresolved row (a range over ``5e-5 (1 + |x|) * 2^20`` wide, rare)
+    is finished by this CTA alone: one more pass over the row's candidates into the row's
+    histogram of ``NB`` bins of ``[lo, hi)``, whose bin is at most ``2^-16``
+    wide (ranks span at most ``2^16``; 256 x 4096 x 4096 bins), and the row resolved.
+    Leaves the histogram and the counter zero."""
+    bins = tl.arange(0, NB)
+    cnt = tl.load(hrow + bins, cache_modifier=".cg")
+    lo, hi, need2, done = _bin_bounds(cnt, a, b, need, NB)
+    if done:
         _resolve(bnd_ptr, need_ptr, rs, r, r64, hi, lo, need2)
+    elif LAST:
+        _finish_row(rs, hrow, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, lo, hi, need2, MP,
+                    TILE, NB)
     else:
         tl.store(rs + 0, lo.to(tl.int32, bitcast=True).to(tl.int64))
         tl.store(rs + 1, hi.to(tl.int32, bitcast=True).to(tl.int64))
@@ -329,7 +376,8 @@ def pq_rround_kernel(
             arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
             if arrived == LP - 1:
                 tl.store(rs + 3, 0)
-                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, a, b, need, last, NB0)
+                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, a,
+                             b, need, last, MP, TILE, NB0)
     else:
         if tl.load(rs + 3) == 0:
             a = tl.load(rs + 0).to(tl.int32).to(tl.float32, bitcast=True)
@@ -343,7 +391,8 @@ def pq_rround_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
             if arrived == LP - 1:
-                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, r, r64, a, b, need, last, NB)
+                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, a,
+                             b, need, last, MP, TILE, NB)
 
 
 # ----------------------------------------------------------------------------------
@@ -351,7 +400,7 @@ def pq_rround_kernel(
 
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4, 8)  # code rows per key: M <= MP
-LEVELS = 3  # rounds launched per step (see the module docstring: three always resolve)
+LEVELS = 2  # rounds launched per step (see the module docstring: a row unresolved after them is finished in-CTA)
 RLUT_FIXED = {"BLOCK_C": 64, "BLOCK_DS": 64}
 RROUND_FIXED = {"KP": 256, "NB0": 256, "NB": 4096, "LEVELS": LEVELS, "BLOCK_C": RLUT_FIXED["BLOCK_C"]}
 

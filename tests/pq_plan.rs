@@ -1046,7 +1046,7 @@ fn many_combinations_take_the_radix_select() {
                     },
                     "M={m} bits={bits} heavy {heavy} {path:?}"
                 );
-                assert_eq!(p.info().launches, 5, "rlut, 3 rounds, emit");
+                assert_eq!(p.info().launches, 4, "rlut, 2 rounds, emit");
                 assert!(p.info().range && p.info().hist && !p.info().split);
                 // one new key, not a candidate: quantized in pq_rlut's companion CTAs
                 assert!(!p.bulk_quantize);

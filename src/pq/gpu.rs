@@ -34,7 +34,7 @@
 //!   programmatic dependent launch (sm_90; on sm_80 each row CTA writes its own).
 //! - or, for every config the combination histogram does not take (`K^M > 4096` or
 //!   `M > 4`), the radix-select split path: `pq_rlut.q_<qt>` writes the lookup tables,
-//!   three launches of `pq_rround.m<MP>` narrow each row's threshold by histograms over
+//!   two launches of `pq_rround.m<MP>` narrow each row's threshold by histograms over
 //!   the keys' scores, then `pq_emit.m<MP>.w_<wt>` as on the split path
 //!   (`kernels_triton/pq_range.py`).
 //!

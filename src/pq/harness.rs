@@ -237,7 +237,7 @@ impl Execution {
         } else if self.index_path {
             "pq_wfill + pq_index (histogram path, indexed)"
         } else if self.range_path {
-            "pq_rlut + pq_rround x3 + pq_emit (radix-select split path)"
+            "pq_rlut + pq_rround x2 + pq_emit (radix-select split path)"
         } else if self.split_path {
             "pq_thresh + pq_emit (histogram path, split)"
         } else if self.hist_path {

@@ -131,10 +131,11 @@ pub(crate) struct RangeKernels {
     pub emit_tile: usize,
 }
 
-/// Rounds of the select a step launches (`LEVELS` in `kernels_triton/pq_range.py`):
-/// three always resolve a row (see that module); a row resolved early leaves the later
-/// rounds' CTAs nothing to do.
-pub const RANGE_ROUNDS: usize = 3;
+/// Rounds of the select a step launches (`LEVELS` in `kernels_triton/pq_range.py`): two
+/// resolve the usual row; the last round's closing CTA finishes a row still open with one
+/// more pass of its own (see that module); a row resolved early leaves the later round's
+/// CTAs nothing to do.
+pub const RANGE_ROUNDS: usize = 2;
 
 /// Bins of one select round (`NB` in `kernels_triton/pq_range.py`).
 pub(crate) const RANGE_BINS: usize = 4096;
@@ -334,6 +335,20 @@ impl Kernels {
                 ld.load_optional(&format!("pq_rround.m{mp}"))?,
             ) {
                 (Some(rlut), Some(rround)) => {
+                    // the host launches RANGE_ROUNDS rounds: a kernel built for another
+                    // count would leave rows unresolved (or finish them twice)
+                    let levels = constexpr_usize(&rround, "LEVELS")?;
+                    if levels != RANGE_ROUNDS {
+                        return Err(Error::invalid(
+                            "kernel cache",
+                            format!(
+                                "{} was built for {levels} launched rounds, this runtime \
+                                 launches {RANGE_ROUNDS}: rebuild the ptx_cache with this \
+                                 version's kernels_triton/build.py",
+                                rround.variant().id
+                            ),
+                        ));
+                    }
                     let emit = ld.load(&format!("pq_emit.m{mp}.w_{wt}"))?;
                     Some(RangeKernels {
                         lut_block: constexpr_usize(&rlut, "BLOCK_C")?,
