@@ -924,8 +924,7 @@ fn gpu_nonfinite_inputs_rank_nan_last_on_every_path() {
 fn gpu_heavy_above_512_on_the_histogram_family() {
     let Some(rt) = runtime() else { return };
     let seed = seed();
-    let mut failures = Vec::new();
-    let mut runs = 0;
+    let mut tally = Tally::default();
     let shape = sh(1, 8, 2, 12000, 128);
     for (i, heavy) in [513usize, 1024, 3020, 8000].into_iter().enumerate() {
         let cfg = PqConfig {
@@ -949,26 +948,46 @@ fn gpu_heavy_above_512_on_the_histogram_family() {
                     "heavy {heavy:5} {:<6} {path:?}",
                     if exact { "exact" } else { "random" }
                 );
-                match checked_step(&rt, &cfg, &x, path, exact, &what, |ex| ex.hist_path) {
-                    Ok(true) => runs += 1,
-                    Ok(false) => {
-                        runs += 1;
-                        failures.push((heavy, path));
-                    }
-                    Err(e) => {
-                        eprintln!("FAIL {what}: {e}");
-                        failures.push((heavy, path));
-                    }
-                }
+                let ran = checked_step(&rt, &cfg, &x, path, exact, &what, |ex| ex.hist_path);
+                tally.record(what, ran);
             }
         }
     }
-    eprintln!(
-        "{} passed, {} failed (heavy above 512)",
-        runs - failures.len().min(runs),
-        failures.len()
-    );
-    assert!(failures.is_empty(), "failed: {failures:?}");
+    tally.finish("heavy above 512");
+}
+
+/// The runs of one sweep test: each [`checked_step`] result recorded, then one count line
+/// and a failure naming every run that failed or was refused.
+#[derive(Default)]
+struct Tally {
+    runs: usize,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    fn record(&mut self, what: String, ran: Result<bool, String>) {
+        match ran {
+            Ok(passed) => {
+                self.runs += 1;
+                if !passed {
+                    self.failures.push(what);
+                }
+            }
+            Err(e) => {
+                eprintln!("FAIL {what}: {e}");
+                self.failures.push(what);
+            }
+        }
+    }
+
+    fn finish(self, label: &str) {
+        eprintln!(
+            "{} passed, {} failed ({label})",
+            self.runs - self.failures.len().min(self.runs),
+            self.failures.len()
+        );
+        assert!(self.failures.is_empty(), "failed: {:?}", self.failures);
+    }
 }
 
 /// Inputs of `cfg` at `shape` with `n_cached` codes: well-separated small integers where
@@ -1034,8 +1053,7 @@ fn checked_step(
 fn gpu_many_combinations_take_the_radix_select() {
     let Some(rt) = runtime() else { return };
     let seed = seed();
-    let mut failures = Vec::new();
-    let mut runs = 0;
+    let mut tally = Tally::default();
     let cases: [(usize, u32, DType, Metric, Shape); 7] = [
         (
             2,
@@ -1086,28 +1104,14 @@ fn gpu_many_combinations_take_the_radix_select() {
                     shape.s,
                     if exact { "exact" } else { "random" }
                 );
-                match checked_step(&rt, &cfg, &x, SelectPath::Auto, exact, &what, |ex| {
+                let ran = checked_step(&rt, &cfg, &x, SelectPath::Auto, exact, &what, |ex| {
                     ex.range_path
-                }) {
-                    Ok(true) => runs += 1,
-                    Ok(false) => {
-                        runs += 1;
-                        failures.push(what);
-                    }
-                    Err(e) => {
-                        eprintln!("FAIL {what}: {e}");
-                        failures.push(what);
-                    }
-                }
+                });
+                tally.record(what, ran);
             }
         }
     }
-    eprintln!(
-        "{} passed, {} failed (radix-select split path)",
-        runs - failures.len().min(runs),
-        failures.len()
-    );
-    assert!(failures.is_empty(), "failed: {failures:?}");
+    tally.finish("radix-select split path");
 }
 
 /// Every code width and subvector count the indexer takes (bits 1..8, M in {1, 2, 3, 4,
@@ -1119,8 +1123,7 @@ fn gpu_many_combinations_take_the_radix_select() {
 fn gpu_every_bits_m_and_dtype_mix() {
     let Some(rt) = runtime() else { return };
     let seed = seed();
-    let mut failures = Vec::new();
-    let mut runs = 0;
+    let mut tally = Tally::default();
     let shape = sh(1, 4, 2, 2600, 96);
     let dts = [DType::F32, DType::BF16, DType::F16];
     let mut cases = Vec::new();
@@ -1162,25 +1165,10 @@ fn gpu_every_bits_m_and_dtype_mix() {
             wt.as_str(),
             if exact { "exact" } else { "random" }
         );
-        match checked_step(&rt, &cfg, &x, SelectPath::Auto, exact, &what, |_| true) {
-            Ok(passed) => {
-                runs += 1;
-                if !passed {
-                    failures.push(what);
-                }
-            }
-            Err(msg) => {
-                eprintln!("FAIL {what}: {msg}");
-                failures.push(what);
-            }
-        }
+        let ran = checked_step(&rt, &cfg, &x, SelectPath::Auto, exact, &what, |_| true);
+        tally.record(what, ran);
     }
-    eprintln!(
-        "{} passed, {} failed (bits 1..8, M 1..8, dtype mix, heavy 300, 1000, n - 1 and n)",
-        runs - failures.len().min(runs),
-        failures.len()
-    );
-    assert!(failures.is_empty(), "failed: {failures:?}");
+    tally.finish("bits 1..8, M 1..8, dtype mix, heavy 300, 1000, n - 1 and n");
 }
 
 /// Rows whose heavy picks reach into the sink or the window: the sink past the first
@@ -1193,8 +1181,7 @@ fn gpu_every_bits_m_and_dtype_mix() {
 fn gpu_rows_reaching_into_sink_or_window() {
     let Some(rt) = runtime() else { return };
     let seed = seed();
-    let mut failures = Vec::new();
-    let mut runs = 0;
+    let mut tally = Tally::default();
     // (M, bits, dtype), (S, sink, window, heavy), path
     type Edge = ((usize, u32, DType), [usize; 4], SelectPath);
     let cases: [Edge; 7] = [
@@ -1251,29 +1238,15 @@ fn gpu_rows_reaching_into_sink_or_window() {
                 if exact { "exact" } else { "random" }
             );
             let want_split = path == SelectPath::Split;
-            match checked_step(&rt, &cfg, &x, path, exact, &what, |ex| {
+            let ran = checked_step(&rt, &cfg, &x, path, exact, &what, |ex| {
                 if want_split {
                     ex.split_path
                 } else {
                     ex.range_path
                 }
-            }) {
-                Ok(true) => runs += 1,
-                Ok(false) => {
-                    runs += 1;
-                    failures.push(what);
-                }
-                Err(e) => {
-                    eprintln!("FAIL {what}: {e}");
-                    failures.push(what);
-                }
-            }
+            });
+            tally.record(what, ran);
         }
     }
-    eprintln!(
-        "{} passed, {} failed (rows reaching into sink or window)",
-        runs - failures.len().min(runs),
-        failures.len()
-    );
-    assert!(failures.is_empty(), "failed: {failures:?}");
+    tally.finish("rows reaching into sink or window");
 }
