@@ -6,7 +6,8 @@ mod common;
 
 use tritonrt::pq::check::{CheckOptions, ViolationKind};
 use tritonrt::pq::ragged::{
-    check_ragged, plan_ragged, ragged_row_len, reference_step, RaggedInputs,
+    check_ragged, plan_ragged, ragged_path, ragged_row_len, ragged_split_parts, reference_step,
+    RaggedInputs, RaggedPath,
 };
 use tritonrt::pq::{step, PqConfig, PqInputs, Shape, Size};
 
@@ -324,4 +325,82 @@ fn ragged_row_length_holds_every_total() {
         ..cfg()
     };
     assert_eq!(ragged_row_len(&big, 4096), 4096);
+}
+
+/// The ragged step's path: the split histogram path wherever the combination histogram
+/// applies (`K^M <= 4096`, `M <= 4`, the decode-loop benchmark's reference config
+/// included) and its kernels are built, else the radix path; forcing the split path
+/// elsewhere is refused naming `K` and `M`; forcing the radix path is always allowed.
+#[test]
+fn ragged_path_follows_the_combination_histogram() {
+    let reference = PqConfig::reference_workload(); // M = 2, bits = 6: 4096 combinations
+    let m1_bits8 = PqConfig {
+        pq_group_factor: 1,
+        pq_bits: 8,
+        ..cfg()
+    };
+    let m4_bits3 = PqConfig {
+        pq_group_factor: 4,
+        pq_bits: 3,
+        ..cfg()
+    };
+    for c in [cfg(), reference, m1_bits8, m4_bits3] {
+        assert_eq!(
+            ragged_path(&c, true, None).unwrap(),
+            RaggedPath::Split,
+            "{c}"
+        );
+        assert_eq!(
+            ragged_path(&c, false, None).unwrap(),
+            RaggedPath::Radix,
+            "{c}"
+        );
+        assert_eq!(
+            ragged_path(&c, true, Some(RaggedPath::Radix)).unwrap(),
+            RaggedPath::Radix
+        );
+        let e = ragged_path(&c, false, Some(RaggedPath::Split))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pq_rgthresh"), "{e}");
+    }
+    let m2_bits8 = PqConfig {
+        pq_bits: 8,
+        ..cfg()
+    };
+    let m8_bits1 = PqConfig {
+        pq_group_factor: 8,
+        pq_bits: 1,
+        ..cfg()
+    };
+    for c in [m2_bits8, m8_bits1] {
+        assert_eq!(
+            ragged_path(&c, true, None).unwrap(),
+            RaggedPath::Radix,
+            "{c}"
+        );
+        let e = ragged_path(&c, true, Some(RaggedPath::Split))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("K^M") && e.contains(&format!("M = {}", c.m())),
+            "{e}"
+        );
+    }
+    assert_eq!(RaggedPath::Split.launches(), 3);
+    assert_eq!(RaggedPath::Radix.launches(), 8);
+}
+
+/// The ragged split path's emit parts per row: the longest row's, at least one.
+#[test]
+fn ragged_split_parts_cover_the_longest_row() {
+    assert_eq!(ragged_split_parts(65745, 128, 4096), 17);
+    assert_eq!(ragged_split_parts(4096 + 128, 128, 4096), 1);
+    assert_eq!(ragged_split_parts(4096 + 129, 128, 4096), 2);
+    assert_eq!(ragged_split_parts(100, 128, 4096), 1);
+    assert_eq!(ragged_split_parts(1, 0, 128), 1);
+    for (s, io, tile) in [(700, 8, 128), (1, 8, 128), (5000, 0, 4096)] {
+        let np = ragged_split_parts(s, io, tile);
+        assert!(io + np * tile >= s && np >= 1);
+    }
 }

@@ -1,10 +1,15 @@
-//! Ragged batches on the GPU (spec "Ragged batches"; `kernels_triton/pq_ragged.py`):
+//! Ragged batches on the GPU (spec "Ragged batches"; the split histogram path,
+//! `kernels_triton/pq_rgsplit.py`, for configs the combination histogram takes, the
+//! radix path, `kernels_triton/pq_ragged.py`, for the others and where forced):
 //! `GpuIndexer::step_ragged` / `step_ragged_device` against the CPU reference by the
-//! ragged checker, outputs poisoned first. Equal lengths give the fixed-`S` step's outputs
-//! bit for bit (well-separated inputs); lengths 1, `K`, the short threshold and `S_alloc`
-//! beside long rows; per-row `N_cached` and multi-token rows; ratio sizes and 16-bit
-//! weights; a decode loop replayed from one captured graph whose lengths change in a
-//! device buffer; refusals naming the row. Skips with a visible message without a GPU.
+//! ragged checker, outputs poisoned first, each test asserting which path ran. Equal
+//! lengths give the fixed-`S` step's outputs bit for bit on both paths (well-separated
+//! inputs); lengths 1, `K`, the short threshold and `S_alloc` beside long rows; per-row
+//! `N_cached` and multi-token rows; ratio sizes and 16-bit weights; a decode loop replayed
+//! from one captured graph whose lengths change in a device buffer, rows over many emit
+//! parts; rows whose counts are lowered mid-loop (the histogram reset on the device) and
+//! whose lengths shrink; refusals naming the row. Skips with a visible message without a
+//! GPU.
 
 mod common;
 
@@ -12,7 +17,7 @@ use std::sync::Arc;
 
 use tritonrt::pq::check::{CheckMode, CheckOptions};
 use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, KernelChoice, LaunchMode};
-use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedOutput};
+use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedOutput, RaggedPath};
 use tritonrt::pq::{DType, PqConfig, PqInputs, Shape, Size};
 use tritonrt::runtime::Runtime;
 
@@ -89,7 +94,10 @@ fn assert_checked(c: &PqConfig, x: &RaggedInputs, out: &RaggedOutput, exact: boo
 
 /// Equal lengths are the fixed-`S` step: same sparse_list, sparse_len, weight_list and
 /// codes, bit for bit, on well-separated inputs (configs taking the fixed step's
-/// histogram, indexed and chunked paths), and the ragged checker passes.
+/// histogram, indexed and chunked paths), and the ragged checker passes: on the split
+/// path where the combination histogram applies (M = 2 bits 4, M = 1 bits 8), and there
+/// also on the radix path forced; on the radix path for M = 4 bits 6 (`K^M > 4096`),
+/// where forcing the split path is refused.
 #[test]
 fn equal_lengths_match_the_fixed_step_bit_for_bit() {
     let Some(rt) = runtime() else { return };
@@ -137,21 +145,41 @@ fn equal_lengths_match_the_fixed_step_bit_for_bit() {
         fx.step(fdev.query(), fdev.key(), sh.s, LaunchMode::Launch)
             .expect("fixed step");
         let fixed = fx.download().expect("download");
-        // the ragged step at S_b = S for every row
+        // the ragged step at S_b = S for every row, on the config's path, then forced to
+        // the other where it can run
         let rx = ragged(&c, x, &vec![sh.s; sh.b], &vec![n; sh.b]);
-        let (mut ix, dev) = setup(&rt, &c, &rx);
-        let info = ix
-            .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Launch)
-            .expect("ragged step");
-        assert_eq!(info.launches, 8, "{name}");
-        let out = ix.download_ragged().expect("download_ragged");
-        assert_checked(&c, &rx, &out, true, name);
-        assert_eq!(out.total, fixed.total, "{name}: total");
-        assert_eq!(out.sparse_list, fixed.sparse_list, "{name}: sparse_list");
-        assert_eq!(out.sparse_len, fixed.sparse_len, "{name}: sparse_len");
-        assert_eq!(out.weight_list, fixed.weight_list, "{name}: weight_list");
-        assert_eq!(out.n_max, fixed.n_cached, "{name}: codes held");
-        assert_eq!(out.codes, fixed.codes, "{name}: codes");
+        let split = name != "m4_bits6_bf16";
+        let want = if split {
+            vec![RaggedPath::Split, RaggedPath::Radix]
+        } else {
+            vec![RaggedPath::Radix]
+        };
+        for (i, path) in want.into_iter().enumerate() {
+            let (mut ix, dev) = setup(&rt, &c, &rx);
+            if i > 0 {
+                ix.set_ragged_path(Some(path)).expect("force the path");
+            } else if !split {
+                let e = ix
+                    .set_ragged_path(Some(RaggedPath::Split))
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("K^M"), "{name}: {e}");
+            }
+            let info = ix
+                .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Launch)
+                .expect("ragged step");
+            let what = format!("{name} ({path:?} path)");
+            assert_eq!(info.path, path, "{what}");
+            assert_eq!(info.launches, path.launches(), "{what}");
+            let out = ix.download_ragged().expect("download_ragged");
+            assert_checked(&c, &rx, &out, true, &what);
+            assert_eq!(out.total, fixed.total, "{what}: total");
+            assert_eq!(out.sparse_list, fixed.sparse_list, "{what}: sparse_list");
+            assert_eq!(out.sparse_len, fixed.sparse_len, "{what}: sparse_len");
+            assert_eq!(out.weight_list, fixed.weight_list, "{what}: weight_list");
+            assert_eq!(out.n_max, fixed.n_cached, "{what}: codes held");
+            assert_eq!(out.codes, fixed.codes, "{what}: codes");
+        }
     }
 }
 
@@ -192,8 +220,10 @@ fn short_and_long_rows_at_their_own_lengths() {
             .expect("inputs");
             let rx = ragged(&c, x, &lens, &ncs);
             let (mut ix, dev) = setup(&rt, &c, &rx);
-            ix.step_ragged(dev.query(), dev.key(), &rx.seq_lens, mode)
+            let info = ix
+                .step_ragged(dev.query(), dev.key(), &rx.seq_lens, mode)
                 .expect("ragged step");
+            assert_eq!(info.path, RaggedPath::Split);
             let out = ix.download_ragged().expect("download");
             assert_checked(&c, &rx, &out, exact, &format!("exact {exact} {mode:?}"));
             assert_eq!(out.n_cached[0], 0, "a short row quantizes nothing");
@@ -251,8 +281,10 @@ fn ratio_sizes_ip_and_16_bit_weights() {
         let x = PqInputs::random(&c, shape(lens.len(), s_alloc), n_max, seed()).expect("inputs");
         let rx = ragged(&c, x, &lens, &ncs);
         let (mut ix, dev) = setup(&rt, &c, &rx);
-        ix.step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Graph)
+        let info = ix
+            .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Graph)
             .expect(name);
+        assert_eq!(info.path, RaggedPath::Split, "{name}");
         let out = ix.download_ragged().expect("download");
         assert_checked(&c, &rx, &out, false, name);
     }
@@ -282,6 +314,7 @@ fn graph_replay_with_lengths_in_a_device_buffer() {
     let mut prev_codes = (x0.codes.clone(), n_max);
     let mut prev_nc = ncs.clone();
     let mut captures = 0;
+    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
     for i in 0..steps {
         if i > 0 {
             for (r, l) in lens.iter_mut().enumerate() {
@@ -321,6 +354,70 @@ fn graph_replay_with_lengths_in_a_device_buffer() {
     assert!(ix.check_ragged_errors().is_ok(), "the record is cleared");
     // the other rows' counts did not move backwards; row 2's stayed
     assert_eq!(ix.row_n_cached().unwrap(), prev_nc);
+}
+
+/// The split path's persistent state across a graph-replayed decode loop, outputs
+/// poisoned only before the first step (later steps rely on the weights' extents): rows
+/// over several emit parts beside short ones; then rows' counts lowered
+/// (`set_row_n_cached`: row 0 to a third, a catch-up of thousands of keys, most of them
+/// candidates, at a shorter length; row 3 rewound by 10 keys and 10 positions), so the
+/// combination histograms must be reset on the device, while row 1 grows by 4 and row 2
+/// stays; then a decode step and a replay. Every step against the CPU reference on the
+/// codes and counts the previous step left; the graph captured once.
+#[test]
+fn lowered_counts_and_shrinking_rows_on_the_split_path() {
+    let Some(rt) = runtime() else { return };
+    let c = cfg();
+    let starts = [8800usize, 60, 5000, 1200];
+    let s_alloc = 9000;
+    let sh = shape(starts.len(), s_alloc);
+    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
+    let n_max = *ncs.iter().max().unwrap();
+    let x0 = PqInputs::random(&c, sh, n_max, seed()).expect("inputs");
+    let rx0 = ragged(&c, x0.clone(), &starts, &ncs);
+    let (mut ix, dev) = setup(&rt, &c, &rx0);
+    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
+    let stream = ix.stream().clone();
+    let mut dlens = stream.alloc_zeros::<i64>(sh.b).expect("lens buffer");
+    let mut lens = starts.to_vec();
+    let mut prev_codes = (x0.codes.clone(), n_max);
+    let mut prev_nc = ncs.clone();
+    let mut captures = 0;
+    for i in 0..5 {
+        match i {
+            1 | 3 => lens.iter_mut().for_each(|l| *l += 1),
+            2 => {
+                let mut lowered = prev_nc.clone();
+                lowered[0] /= 3;
+                lowered[3] -= 10;
+                ix.set_row_n_cached(&lowered).expect("lower the counts");
+                prev_nc = lowered;
+                lens[0] = 6000;
+                lens[1] += 4;
+                lens[3] -= 10;
+            }
+            _ => {}
+        }
+        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
+        let info = ix
+            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+            .expect("step");
+        assert_eq!(info.path, RaggedPath::Split);
+        assert_eq!(info.launches, 3);
+        captures += usize::from(info.captured);
+        let out = ix.download_ragged().expect("download");
+        let x = PqInputs {
+            codes: prev_codes.0.clone(),
+            n_cached: prev_codes.1,
+            ..x0.clone()
+        };
+        let rx = ragged(&c, x, &lens, &prev_nc);
+        assert_checked(&c, &rx, &out, false, &format!("step {i} lens {lens:?}"));
+        prev_codes = (out.codes.clone(), out.n_max);
+        prev_nc = out.n_cached.clone();
+    }
+    assert_eq!(captures, 1, "one graph for every length and count");
 }
 
 /// Host-side refusals name the row and the values, and nothing is issued; a fixed-`S`

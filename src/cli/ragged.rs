@@ -15,7 +15,9 @@ use tritonrt::pq::check::{CheckMode, CheckOptions};
 use tritonrt::pq::gpu::{
     self, DeviceInputs, DeviceTensorRef, GpuIndexer, KernelChoice, LaunchMode, StepTiming,
 };
-use tritonrt::pq::ragged::{check_ragged, plan_ragged, reference_step, RaggedInputs, RaggedOutput};
+use tritonrt::pq::ragged::{
+    check_ragged, plan_ragged, reference_step, RaggedInputs, RaggedOutput, RaggedPath,
+};
 use tritonrt::pq::{DType, PqConfig, PqInputs, Shape};
 use tritonrt::runtime::Runtime;
 
@@ -164,9 +166,11 @@ fn run_ragged_gpu(
         .download_ragged()
         .context("downloading the ragged step")?;
     say!(
-        "gpu:     {} ({}), kernels pq_rgq, pq_rglut, pq_rground x4, pq_rgcnt, pq_rgemit ({} launches), sparse_list rows of T = {} on the device",
+        "gpu:     {} ({}), {:?} path: kernels {} ({} launches), sparse_list rows of T = {} on the device",
         rt.device().name(),
         rt.device().arch(),
+        info.path,
+        ragged_kernels(info.path),
         info.launches,
         info.row_len
     );
@@ -196,6 +200,14 @@ fn run_ragged_gpu(
             t.p10_us, t.p90_us, t.samples
         ),
     )))
+}
+
+/// The kernels a ragged step on `path` launches, for messages.
+fn ragged_kernels(path: RaggedPath) -> &'static str {
+    match path {
+        RaggedPath::Split => "pq_rgq, pq_rgthresh, pq_rgsemit",
+        RaggedPath::Radix => "pq_rgq, pq_rglut, pq_rground x4, pq_rgcnt, pq_rgemit",
+    }
 }
 
 /// A small deterministic generator (xorshift) for the decode loop's values.
@@ -458,6 +470,7 @@ pub fn decode_loop(
     )?;
     ix.import_codes(&data.codes, data.n)?;
     ix.set_row_n_cached(&n0)?;
+    let path = ix.ragged_path()?;
     let ragged = time_ragged_loop(rt, &stream, warm, steps, &mut ix, &data, |i| {
         lens_at(starts, i).iter().map(|&s| s as i64).collect()
     })?;
@@ -473,10 +486,36 @@ pub fn decode_loop(
         );
     }
     say!(
-        "ragged (device lengths, one graph):       {}",
+        "ragged (device lengths, one graph, {path:?} path: {}): {}",
+        ragged_kernels(path),
         ragged.line()
     );
     drop(ix);
+    if path != RaggedPath::Radix {
+        // the same loop on the radix path (every config's), for comparison
+        let mut rx = GpuIndexer::new(
+            rt.clone(),
+            stream.clone(),
+            *cfg,
+            shape,
+            &data.centroids,
+            None,
+            &KernelChoice::new(),
+        )?;
+        rx.import_codes(&data.codes, data.n)?;
+        rx.set_row_n_cached(&n0)?;
+        rx.set_ragged_path(Some(RaggedPath::Radix))?;
+        let radix = time_ragged_loop(rt, &stream, warm, steps, &mut rx, &data, |i| {
+            lens_at(starts, i).iter().map(|&s| s as i64).collect()
+        })?;
+        rx.check_ragged_errors()
+            .context("the ragged decode loop (radix path) refused a row")?;
+        say!(
+            "ragged, radix path ({}): {}",
+            ragged_kernels(RaggedPath::Radix),
+            radix.line()
+        );
+    }
     drop(data);
 
     // uniform: the same total length, B rows of L / B
@@ -536,7 +575,7 @@ pub fn decode_loop(
     })?;
     rx.check_ragged_errors()?;
     say!(
-        "uniform, ragged kernels (S_b = {su}):      {}",
+        "uniform, ragged kernels (S_b = {su}, {path:?} path): {}",
         uniform_ragged.line()
     );
     let ratio = ragged.gpu.median_us / fixed.gpu.median_us;

@@ -616,6 +616,8 @@ impl GpuIndexer {
     /// Errors: driver errors.
     pub fn poison_outputs(&mut self) -> Result<()> {
         self.state.poison_outputs()?;
+        // the ragged split path's weights extents no longer hold
+        self.ragged_weights_unknown()?;
         self.synchronize()
     }
 

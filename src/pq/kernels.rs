@@ -187,6 +187,20 @@ pub(crate) struct RaggedKernels {
     pub round_tile: usize,
     /// `TILE` of `pq_rgcnt` and `pq_rgemit` (positions per CTA; the same parts).
     pub emit_tile: usize,
+    /// The ragged split histogram path (`kernels_triton/pq_rgsplit.py`), where the
+    /// combination histogram applies ([`hist_built_for`]) and its kernels are built.
+    pub split: Option<RaggedSplitKernels>,
+}
+
+/// The ragged step's split histogram path (`kernels_triton/pq_rgsplit.py`), after
+/// `pq_rgq`.
+pub(crate) struct RaggedSplitKernels {
+    /// `pq_rgthresh.m<MP>.q_<qt>`: each row's histogram moved, its threshold, grid `(B*H,)`.
+    pub thresh: Arc<Kernel>,
+    /// `pq_rgsemit.m<MP>.w_<wt>`: each row's emit over its parts, grid `(B*H*NP,)`.
+    pub emit: Arc<Kernel>,
+    /// The emit variant's `TILE` (keys per part).
+    pub tile: usize,
 }
 
 /// The chunked select kernel and the sizes its launches use.
@@ -384,7 +398,21 @@ impl Kernels {
                         ),
                     ));
                 }
+                let mp = if m <= 2 { 2 } else { 4 };
+                let split = match (
+                    hist_built_for(cfg),
+                    rt.default_kernel(&format!("pq_rgthresh.m{mp}.q_{qt}")),
+                    rt.default_kernel(&format!("pq_rgsemit.m{mp}.w_{wt}")),
+                ) {
+                    (true, Ok(thresh), Ok(emit)) => Some(RaggedSplitKernels {
+                        tile: constexpr_usize(&emit, "TILE")?,
+                        thresh,
+                        emit,
+                    }),
+                    _ => None, // the radix ragged kernels serve
+                };
                 Some(RaggedKernels {
+                    split,
                     lut_block: constexpr_usize(&rglut, "BLOCK_C")?,
                     round_tile: constexpr_usize(&rground, "TILE")?,
                     emit_tile,
@@ -475,6 +503,9 @@ impl Kernels {
                 rg.rgcnt.clone(),
                 rg.rgemit.clone(),
             ]);
+            if let Some(sp) = &rg.split {
+                v.extend([sp.thresh.clone(), sp.emit.clone()]);
+            }
         }
         v
     }

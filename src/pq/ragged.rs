@@ -537,3 +537,75 @@ pub fn plan_ragged(
         rows,
     })
 }
+
+/// Which kernels a ragged step runs on the GPU (after `pq_rgq`, which quantizes each long
+/// row's new keys and checks the rows, on either path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RaggedPath {
+    /// The split histogram path (`kernels_triton/pq_rgsplit.py`: `pq_rgthresh` +
+    /// `pq_rgsemit`, three launches with `pq_rgq`): each row's persistent combination
+    /// histogram moved to its candidates and the threshold found on it (the row's codes
+    /// read once, by the emit), as the fixed-`S` split path. Where the combination
+    /// histogram applies ([`crate::pq::plan::hist_built_for`]: `K^M <= 4096`, `M <= 4`).
+    Split,
+    /// The radix-select path (`kernels_triton/pq_ragged.py`: `pq_rglut`, four
+    /// `pq_rground` rounds, `pq_rgcnt`, `pq_rgemit`, eight launches with `pq_rgq`): the
+    /// exact threshold on the keys' 32-bit rank keys, one 8-bit digit a round, each round
+    /// scoring every candidate again. Serves every config, so it is the path of those the
+    /// histogram does not take (`K^M > 4096` or `M > 4`).
+    Radix,
+}
+
+impl RaggedPath {
+    /// Kernel launches of one step on this path (`pq_rgq` included).
+    pub fn launches(self) -> usize {
+        match self {
+            RaggedPath::Split => 3,
+            RaggedPath::Radix => 8,
+        }
+    }
+}
+
+/// The path of a ragged step for `cfg`: `forced` where given (for measurements and
+/// tests), else [`RaggedPath::Split`] where the combination histogram applies and its
+/// ragged kernels are built (`split_built`), else [`RaggedPath::Radix`].
+///
+/// Errors: [`Error::Invalid`] when [`RaggedPath::Split`] is forced where the histogram
+/// does not apply to `cfg` (naming `K^M` and `M`) or its kernels are not built.
+pub fn ragged_path(
+    cfg: &PqConfig,
+    split_built: bool,
+    forced: Option<RaggedPath>,
+) -> Result<RaggedPath> {
+    let hist = crate::pq::plan::hist_built_for(cfg);
+    match forced {
+        Some(RaggedPath::Split) if !hist => Err(Error::invalid(
+            "ragged path",
+            format!(
+                "the split histogram path needs K^M <= {} and M <= 4; this config has K = {}, M = {}",
+                crate::pq::kernels::HIST_COMBOS,
+                cfg.k_centroids(),
+                cfg.m()
+            ),
+        )),
+        Some(RaggedPath::Split) if !split_built => Err(Error::invalid(
+            "ragged path",
+            "pq_rgthresh / pq_rgsemit are not in this ptx_cache (kernels_triton/pq_rgsplit.py; \
+             rebuild with kernels_triton/build.py)",
+        )),
+        Some(p) => Ok(p),
+        None if hist && split_built => Ok(RaggedPath::Split),
+        None => Ok(RaggedPath::Radix),
+    }
+}
+
+/// Emit parts per row of the ragged split path (its grid is `B*H` times this): the parts
+/// of the longest row any length up to `s_alloc` has, `max(1, cdiv(s_alloc -
+/// init_offset, tile))` (a row of `S_b` keys uses `max(1, cdiv(S_b - init_offset,
+/// tile))` of them; the rest of its CTAs only zero stale weights and pad).
+pub fn ragged_split_parts(s_alloc: usize, init_offset: usize, tile: usize) -> usize {
+    s_alloc
+        .saturating_sub(init_offset)
+        .div_ceil(tile.max(1))
+        .max(1)
+}

@@ -1,10 +1,35 @@
 //! Ragged steps on the GPU (spec "Ragged batches"): [`GpuIndexer::step_ragged`] and
 //! [`GpuIndexer::step_ragged_device`] run one step over `B` sequences at their own
 //! lengths `S_b <= S_alloc` (`S_alloc` the indexer's `shape().s`), each row with its own
-//! `N_cached[b]`, in eight launches (`kernels_triton/pq_ragged.py`), each row's selection
-//! spread over many CTAs (a CTA past its own row's parts exits at once):
+//! `N_cached[b]`, each row's selection spread over many CTAs (a CTA past its own row's
+//! parts exits at once), on one of two paths ([`RaggedPath`], chosen per config by
+//! [`ragged_path`]). Both start with
 //!
-//! - `pq_rgq.k_<qt>`, grid `(B*H_kv*M, NCH)`: each long row's new keys' codes;
+//! - `pq_rgq.k_<qt>`, grid `(B*H_kv*M, NCH)`: each long row's new keys' codes, and the
+//!   rows checked.
+//!
+//! **Split** (`kernels_triton/pq_rgsplit.py`; where the combination histogram applies,
+//! `K^M <= 4096` and `M <= 4`), the fixed-`S` split path with per-row lengths:
+//!
+//! - `pq_rgthresh.m<MP>.q_<qt>`, grid `(B*H,)`: each long row's persistent combination
+//!   histogram (`hist` / `histn`, shared with the fixed-`S` histogram paths; reset on the
+//!   device where the row's count was lowered below what it counts) moved to its
+//!   candidates, its lookup table and threshold; every row's stale-weight range;
+//! - `pq_rgsemit.m<MP>.w_<wt>`, grid `(B*H*NP,)`, `NP` = [`ragged_split_parts`]: each
+//!   row's parts rank and write their slices (the earlier parts' counts through flag
+//!   words), short rows list every position; every CTA zeroes its share of the row's
+//!   stale weights and pads its share of `sparse_list`; part 0 the length and the row's
+//!   `N_cached`.
+//!
+//! The weights' extent `wext i64 [B*H]` (how far each weight row may hold non-zeros)
+//! lets a step write each weight row up to its `S_b` and zero only what an earlier step
+//! left beyond it: a decode loop does not rewrite `S_alloc - S_b` zeros per row each
+//! step. It is set to `S_alloc` (unknown) whenever the buffer's contents are not the
+//! ragged steps' own (first ragged use, [`GpuIndexer::poison_outputs`]).
+//!
+//! **Radix** (`kernels_triton/pq_ragged.py`; every config, the path of those the
+//! histogram does not take), eight launches:
+//!
 //! - `pq_rglut.q_<qt>`, grid `(B*H, M, cdiv(K, BLOCK_C))`: each long row's lookup table
 //!   (and the rounds' histograms and tickets zeroed);
 //! - `pq_rground`, grid `(B*H, P)`, `P = max(1, cdiv(S_alloc - init_offset, TILE))`,
@@ -33,7 +58,10 @@ use crate::pq::config::{DType, Metric, PqConfig};
 use crate::pq::graph::{GraphKey, StepGraph};
 use crate::pq::indexer::{check_tensor, GpuIndexer, LaunchMode};
 use crate::pq::launch::{i32_arg, issue, DeviceTensorRef, Launch};
-use crate::pq::ragged::{plan_ragged, ragged_row_len, RaggedOutput, RaggedPlan};
+use crate::pq::ragged::{
+    plan_ragged, ragged_path, ragged_row_len, ragged_split_parts, RaggedOutput, RaggedPath,
+    RaggedPlan,
+};
 use crate::pq::Size;
 
 /// CTAs per (batch, KV head, subvector) that quantize a row's new keys, by default
@@ -49,6 +77,8 @@ pub struct RaggedInfo {
     pub row_len: usize,
     /// Kernel launches the step issued (or graph nodes replayed).
     pub launches: usize,
+    /// The kernels the step ran.
+    pub path: RaggedPath,
     /// Whether a graph was captured (false: replayed, updated in place, or no graph).
     pub captured: bool,
 }
@@ -76,6 +106,14 @@ pub(crate) struct RaggedState {
     rtick: DevBuf<i32>,
     /// `i32 [B*H, 2, NP]`: each emit part's sure and tie counts (scratch).
     pcnt: DevBuf<i32>,
+    /// `i64 [B*H]`: how far each weight row may hold non-zeros (split path; `S_alloc`
+    /// where unknown).
+    wext: DevBuf<i64>,
+    /// `i64 [B*H, 2]`: each row's stale weights `[lo, hi)` for the split emit to zero
+    /// (scratch, written by `pq_rgthresh`).
+    wz: DevBuf<i64>,
+    /// The path asked for ([`GpuIndexer::set_ragged_path`]), else the config's.
+    forced: Option<RaggedPath>,
     /// The rows' counts where the host knows them (after [`GpuIndexer::step_ragged`] or
     /// [`GpuIndexer::set_row_n_cached`]; not after a device-length step).
     host_nc: Option<Vec<usize>>,
@@ -104,6 +142,9 @@ impl RaggedState {
             rhist: DevBuf::new(),
             rtick: DevBuf::new(),
             pcnt: DevBuf::new(),
+            wext: DevBuf::new(),
+            wz: DevBuf::new(),
+            forced: None,
             host_nc: None,
             active: false,
             row_len: ragged_row_len(cfg, s_alloc),
@@ -124,7 +165,12 @@ impl RaggedState {
 
     /// Device bytes of the ragged buffers.
     pub fn bytes(&self) -> usize {
-        8 * (self.lens_in.len() + self.seen.len() + self.ncached.len() + self.rst.len())
+        8 * (self.lens_in.len()
+            + self.seen.len()
+            + self.ncached.len()
+            + self.rst.len()
+            + self.wext.len()
+            + self.wz.len())
             + 4 * (self.stat.len()
                 + self.err.len()
                 + self.lut.len()
@@ -158,6 +204,49 @@ impl GpuIndexer {
     /// catch-up steps of many keys; each CTA beyond a row's new keys exits at once.
     pub fn set_ragged_quant_ctas(&mut self, n: usize) {
         self.ragged.quant_ctas = n.clamp(1, 65535);
+    }
+
+    /// Run later ragged steps on `path` (`None`: the config's, [`ragged_path`]); for
+    /// measurements and tests (the radix path serves every config).
+    ///
+    /// Errors: [`Error::Invalid`] where the split path is asked for a config the
+    /// combination histogram does not take, or its kernels are not built.
+    pub fn set_ragged_path(&mut self, path: Option<RaggedPath>) -> Result<()> {
+        self.ragged.forced = path;
+        match self.ragged_path() {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.ragged.forced = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// The path later ragged steps take ([`GpuIndexer::set_ragged_path`], else
+    /// [`ragged_path`] for this config and kernel set).
+    ///
+    /// Errors: those of [`ragged_path`].
+    pub fn ragged_path(&self) -> Result<RaggedPath> {
+        let built = self
+            .kernels
+            .ragged
+            .as_ref()
+            .is_some_and(|rk| rk.split.is_some());
+        ragged_path(&self.state.cfg, built, self.ragged.forced)
+    }
+
+    /// Mark every weight row's contents unknown to the ragged split path (its next step
+    /// rewrites each row up to `S_alloc`): after something other than a ragged step wrote
+    /// the weights. Stream-ordered; nothing when no ragged step ran.
+    pub(crate) fn ragged_weights_unknown(&mut self) -> Result<()> {
+        let sa = self.state.shape.s as i64;
+        let st = self.state.stream.clone();
+        if let Some(dst) = self.ragged.wext.slice_mut() {
+            let v = vec![sa; dst.len()];
+            st.memcpy_htod(&v, dst)
+                .map_err(drv("resetting the ragged weights' extents"))?;
+        }
+        Ok(())
     }
 
     /// Set each row's `N_cached` for ragged steps: row `b` holds the first `n_cached[b]`
@@ -450,6 +539,20 @@ impl GpuIndexer {
         r.rhist.ensure(&st, rows * 256)?;
         r.rtick.ensure(&st, rows)?;
         r.pcnt.ensure(&st, rows * 2 * np)?;
+        let split_tile = self
+            .kernels
+            .ragged
+            .as_ref()
+            .and_then(|rk| rk.split.as_ref())
+            .map(|sp| sp.tile);
+        let mut new_wext = false;
+        if let Some(tile) = split_tile {
+            new_wext = r.wext.is_empty();
+            r.wext.ensure(&st, rows)?;
+            r.wz.ensure(&st, rows * 2)?;
+            let parts = ragged_split_parts(sh.s, cfg.init_offset, tile);
+            self.state.split_flag.ensure(&st, rows * parts)?;
+        }
         self.state.sparse_list.ensure(&st, rows * r.row_len)?;
         self.state
             .weight
@@ -457,6 +560,10 @@ impl GpuIndexer {
         if r.err.is_empty() {
             r.err.ensure(&st, 2)?;
             self.reset_err()?;
+        }
+        if new_wext || !self.ragged.active {
+            // the weights hold what a fixed-S step (or nothing) left
+            self.ragged_weights_unknown()?;
         }
         if !self.ragged.active {
             // rows hold what the state holds; codes grow to S_alloc's keys once, before
@@ -527,11 +634,16 @@ impl GpuIndexer {
         query.check_extent("query", [sh.b, sh.h, 1, sh.d])?;
         key.check_extent("key", [sh.b, sh.h_kv, sh.s, sh.d])?;
         self.check_placement(query, key)?;
-        let launches = self.ragged_launches(query, key, lens)?;
+        let path = self.ragged_path()?;
+        let launches = match path {
+            RaggedPath::Split => self.ragged_split_launches(query, key, lens)?,
+            RaggedPath::Radix => self.ragged_launches(query, key, lens)?,
+        };
         let info = RaggedInfo {
             s_alloc: sh.s,
             row_len: self.ragged.row_len,
             launches: launches.len(),
+            path,
             captured: false,
         };
         let info = match mode {
@@ -553,10 +665,12 @@ impl GpuIndexer {
                     r.rhist.ptr(),
                     r.rtick.ptr(),
                     r.pcnt.ptr(),
+                    r.wext.ptr(),
+                    r.wz.ptr(),
                 ]);
                 let gkey = GraphKey {
                     s: sh.s,
-                    sizes: [r.row_len, r.quant_ctas, 0],
+                    sizes: [r.row_len, r.quant_ctas, path as usize],
                     query: *query,
                     key: *key,
                     buffers,
@@ -581,11 +695,196 @@ impl GpuIndexer {
         key: &DeviceTensorRef,
         lens: DeviceBuf,
     ) -> Result<Vec<Launch>> {
-        let rk = self
-            .kernels
+        let rk = self.ragged_kernels()?;
+        let (cfg, sh) = (&self.state.cfg, &self.state.shape);
+        let (m, k) = (cfg.m(), cfg.k_centroids());
+        let named = self.ragged_args(query, key, lens)?;
+        let rows = sh.b * sh.h;
+        // parts of a row: round CTAs over the candidates j < w0 <= S_alloc - init_offset,
+        // emit CTAs over the positions p < S_alloc (a CTA past its row's parts exits)
+        let parts =
+            sh.s.saturating_sub(cfg.init_offset)
+                .div_ceil(rk.round_tile)
+                .max(1);
+        let np = sh.s.div_ceil(rk.emit_tile).max(1);
+        let lut_blocks = k.div_ceil(rk.lut_block);
+        let grid = |what: &str, v: usize, max: usize| {
+            u32::try_from(v)
+                .ok()
+                .filter(|&x| (x as usize) <= max)
+                .ok_or_else(|| {
+                    Error::invalid("ragged grid", format!("{what} = {v} beyond the grid"))
+                })
+        };
+        let rows = grid("B*H", rows, i32::MAX as usize)?;
+        let (parts, np) = (
+            grid("round parts", parts, 65535)?,
+            grid("emit parts", np, 65535)?,
+        );
+        let (m32, lut_blocks) = (grid("M", m, 65535)?, grid("K blocks", lut_blocks, 65535)?);
+        let mut named = named.to_vec();
+        named.push(("NP", KernelArg::I32(np as i32)));
+        // Bounds: ensure_ragged sized lens_in/seen/ncached (i64) and stat (i32) for B
+        // rows, err for 2, the lookup table for B*H x M x K, rst for B*H x 8, rhist for B*H
+        // x 256, rtick for B*H, pcnt for B*H x 2 x NP (NP = cdiv(S_alloc, emit TILE), the
+        // emit grid's second extent), sparse_list for B*H x T (the kernel masks every list
+        // store to ranks < T), weight for B*H x S_alloc elements (stores masked to p <
+        // S_alloc), and grew the codes to cap >= S_alloc - init_offset keys (a row writes
+        // codes n_cached[b] <= t < S_b - init_offset and reads j < w0 <= that, only when 1
+        // <= S_b <= S_alloc: rows outside are refused before any address is formed from
+        // S_b); the caller vouched (check_extent in ragged_launch) for query [B, H, 1, D]
+        // and key [B, H_kv, S_alloc, D], the caller's lengths buffer holds >= B i64
+        // (step_ragged_device). Ordering: pq_rgq writes the codes and stat before the
+        // selection's launches read them; pq_rglut zeroes each row's histogram and ticket;
+        // in a round, the row's CTAs add to its histogram and take a ticket, and only the
+        // last to arrive reads the histogram, writes the row's state and zeroes both; the
+        // next launch reads the state. pq_rgcnt writes pcnt[r, :, c] for the parts c with
+        // c*TILE < S_b, which pq_rgemit's parts after c read (a later launch). pq_rgemit's
+        // part 0 of the first head of each long row writes ncached[b], which no CTA of the
+        // selection reads (pq_rgq read it, in the first launch).
+        let order = &self.arg_order;
+        let mut launches = vec![
+            self.rgq_launch(&named)?,
+            Launch {
+                kernel: rk.rglut.clone(),
+                grid: [rows, m32, lut_blocks],
+                args: order.args(&rk.rglut, &named, true)?,
+            },
+        ];
+        named.push(("ROUND", KernelArg::I32(0)));
+        let round_at = named.len() - 1;
+        for round in 0..4 {
+            named[round_at].1 = KernelArg::I32(round);
+            launches.push(Launch {
+                kernel: rk.rground.clone(),
+                grid: [rows, parts, 1],
+                args: order.args(&rk.rground, &named, true)?,
+            });
+        }
+        launches.push(Launch {
+            kernel: rk.rgcnt.clone(),
+            grid: [rows, np, 1],
+            args: order.args(&rk.rgcnt, &named, true)?,
+        });
+        launches.push(Launch {
+            kernel: rk.rgemit.clone(),
+            grid: [rows, np, 1],
+            args: order.args(&rk.rgemit, &named, true)?,
+        });
+        Ok(launches)
+    }
+
+    /// The ragged kernels. Errors: [`Error::Invalid`] when they are not built.
+    fn ragged_kernels(&self) -> Result<&crate::pq::kernels::RaggedKernels> {
+        self.kernels
             .ragged
             .as_ref()
-            .ok_or_else(|| Error::invalid("ragged step", "the ragged kernels are not built"))?;
+            .ok_or_else(|| Error::invalid("ragged step", "the ragged kernels are not built"))
+    }
+
+    /// `pq_rgq`'s launch (both paths' first): grid `(B*H_kv*M, NCH)`.
+    fn rgq_launch(&self, named: &[(&str, KernelArg)]) -> Result<Launch> {
+        let rk = self.ragged_kernels()?;
+        let qrows = self.state.shape.b * self.state.shape.h_kv * self.state.cfg.m();
+        let qrows = u32::try_from(qrows)
+            .ok()
+            .filter(|&x| x <= i32::MAX as u32)
+            .ok_or_else(|| {
+                Error::invalid("ragged grid", format!("B*H_kv*M = {qrows} beyond the grid"))
+            })?;
+        Ok(Launch {
+            kernel: rk.rgq.clone(),
+            grid: [qrows, self.ragged.quant_ctas as u32, 1],
+            args: self.arg_order.args(&rk.rgq, named, true)?,
+        })
+    }
+
+    /// The split path's launches over the lengths in `lens`: `pq_rgq`, `pq_rgthresh`,
+    /// `pq_rgsemit`.
+    fn ragged_split_launches(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        lens: DeviceBuf,
+    ) -> Result<Vec<Launch>> {
+        let sp = self.ragged_kernels()?.split.as_ref().ok_or_else(|| {
+            Error::invalid("ragged step", "pq_rgthresh / pq_rgsemit are not built")
+        })?;
+        let (st, r) = (&self.state, &self.ragged);
+        let (cfg, sh) = (&st.cfg, &st.shape);
+        let rows = sh.b * sh.h;
+        let parts = ragged_split_parts(sh.s, cfg.init_offset, sp.tile);
+        let mut named = self.ragged_args(query, key, lens)?;
+        named.extend([
+            ("hist_ptr", KernelArg::Buf(st.hist.buf())),
+            ("histn_ptr", KernelArg::Buf(st.histn.buf())),
+            ("lvl_ptr", KernelArg::Buf(st.hist_lvl.buf())),
+            ("bnd_ptr", KernelArg::Buf(st.split_bnd.buf())),
+            ("need_ptr", KernelArg::Buf(st.split_need.buf())),
+            ("flag_ptr", KernelArg::Buf(st.split_flag.buf())),
+            ("ctr_ptr", KernelArg::Buf(st.split_ctr.buf())),
+            ("wext_ptr", KernelArg::Buf(r.wext.buf())),
+            ("wz_ptr", KernelArg::Buf(r.wz.buf())),
+            ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
+            ("NP", i32_arg("emit parts per row", parts)?),
+        ]);
+        let rows32 = u32::try_from(rows)
+            .ok()
+            .filter(|&x| x <= i32::MAX as u32)
+            .ok_or_else(|| {
+                Error::invalid("ragged grid", format!("B*H = {rows} beyond the grid"))
+            })?;
+        let ctas = rows
+            .checked_mul(parts)
+            .and_then(|v| u32::try_from(v).ok())
+            .filter(|&x| x <= i32::MAX as u32)
+            .ok_or_else(|| {
+                Error::invalid("ragged grid", format!("{rows} rows x {parts} emit parts"))
+            })?;
+        // Bounds: ensure_ragged sized lens_in/seen/ncached (i64) and stat (i32) for B rows,
+        // err for 2, the lookup table for B*H x M x K, wext for B*H, wz for B*H x 2,
+        // split_flag for B*H x NP (NP = ragged_split_parts(S_alloc, init_offset, TILE), the
+        // emit grid's per-row extent and the flag row stride), sparse_list for B*H x T
+        // (every list store lands below T: a row's entries below total_b <= T, padding
+        // masked to ranks < T), weight for B*H x S_alloc elements (stores masked to
+        // positions < S_alloc: part stores below S_b, stale zeros below wext <= S_alloc,
+        // wext being S_alloc or an earlier S_b), and grew the codes to cap >= S_alloc -
+        // init_offset keys (codes read at j < cap, masked). DeviceState::new sized hist
+        // (B*H x HIST_COMBOS), histn (B*H), the level bins (B*H x HIST_LEVEL_BINS), bnd
+        // (B*H x 2), need (B*H) and the ticket counter (1) where the histogram kernels are
+        // built (the split path needs hist_built_for, as they do). The caller vouched
+        // (check_extent) for query [B, H, 1, D] and key [B, H_kv, S_alloc, D] and the
+        // lengths buffer holds >= B i64. Ordering: pq_rgq writes codes n_cached[b] .. n
+        // and stat before pq_rgthresh reads them; pq_rgthresh reads n_cached (before this
+        // step's count: the emit writes it), moves each long row's histogram, writes the
+        // table, bounds, need, wz, wext and zeroes the flags and the ticket counter, all
+        // read by pq_rgsemit (the next launch), whose CTAs take tickets < B*H x NP, wait
+        // only on earlier parts of their own row (lower tickets, running or done), and
+        // write disjoint ranges.
+        Ok(vec![
+            self.rgq_launch(&named)?,
+            Launch {
+                kernel: sp.thresh.clone(),
+                grid: [rows32, 1, 1],
+                args: self.arg_order.args(&sp.thresh, &named, true)?,
+            },
+            Launch {
+                kernel: sp.emit.clone(),
+                grid: [ctas, 1, 1],
+                args: self.arg_order.args(&sp.emit, &named, true)?,
+            },
+        ])
+    }
+
+    /// The arguments every ragged kernel takes its own from, by name: the tensors, the
+    /// code state, the ragged buffers, the outputs, strides, shape and config integers,
+    /// the sizes as (count, ratio) pairs.
+    fn ragged_args(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        lens: DeviceBuf,
+    ) -> Result<Vec<(&'static str, KernelArg)>> {
         let (st, r) = (&self.state, &self.ragged);
         let (cfg, sh) = (&st.cfg, &st.shape);
         let (m, k) = (cfg.m(), cfg.k_centroids());
@@ -597,7 +896,7 @@ impl GpuIndexer {
         let (sink_c, sink_r) = size_args(cfg.sink_size);
         let (win_c, win_r) = size_args(cfg.window_size);
         let (hv_c, hv_r) = size_args(cfg.heavy_size);
-        let named = [
+        Ok(vec![
             ("q_ptr", KernelArg::Buf(query.buf())),
             ("k_ptr", KernelArg::Buf(key.buf())),
             ("cent_ptr", KernelArg::Buf(st.centroids_buf)),
@@ -648,88 +947,7 @@ impl GpuIndexer {
             ("hv_c", KernelArg::I64(hv_c)),
             ("hv_r", KernelArg::F64(hv_r)),
             ("NCH", i32_arg("NCH", r.quant_ctas)?),
-        ];
-        let qrows = sh.b * sh.h_kv * m;
-        let rows = sh.b * sh.h;
-        // parts of a row: round CTAs over the candidates j < w0 <= S_alloc - init_offset,
-        // emit CTAs over the positions p < S_alloc (a CTA past its row's parts exits)
-        let parts =
-            sh.s.saturating_sub(cfg.init_offset)
-                .div_ceil(rk.round_tile)
-                .max(1);
-        let np = sh.s.div_ceil(rk.emit_tile).max(1);
-        let lut_blocks = k.div_ceil(rk.lut_block);
-        let grid = |what: &str, v: usize, max: usize| {
-            u32::try_from(v)
-                .ok()
-                .filter(|&x| (x as usize) <= max)
-                .ok_or_else(|| {
-                    Error::invalid("ragged grid", format!("{what} = {v} beyond the grid"))
-                })
-        };
-        let (qrows, rows) = (
-            grid("B*H_kv*M", qrows, i32::MAX as usize)?,
-            grid("B*H", rows, i32::MAX as usize)?,
-        );
-        let (parts, np) = (
-            grid("round parts", parts, 65535)?,
-            grid("emit parts", np, 65535)?,
-        );
-        let (m32, lut_blocks) = (grid("M", m, 65535)?, grid("K blocks", lut_blocks, 65535)?);
-        let mut named = named.to_vec();
-        named.push(("NP", KernelArg::I32(np as i32)));
-        // Bounds: ensure_ragged sized lens_in/seen/ncached (i64) and stat (i32) for B
-        // rows, err for 2, the lookup table for B*H x M x K, rst for B*H x 8, rhist for B*H
-        // x 256, rtick for B*H, pcnt for B*H x 2 x NP (NP = cdiv(S_alloc, emit TILE), the
-        // emit grid's second extent), sparse_list for B*H x T (the kernel masks every list
-        // store to ranks < T), weight for B*H x S_alloc elements (stores masked to p <
-        // S_alloc), and grew the codes to cap >= S_alloc - init_offset keys (a row writes
-        // codes n_cached[b] <= t < S_b - init_offset and reads j < w0 <= that, only when 1
-        // <= S_b <= S_alloc: rows outside are refused before any address is formed from
-        // S_b); the caller vouched (check_extent in ragged_launch) for query [B, H, 1, D]
-        // and key [B, H_kv, S_alloc, D], the caller's lengths buffer holds >= B i64
-        // (step_ragged_device). Ordering: pq_rgq writes the codes and stat before the
-        // selection's launches read them; pq_rglut zeroes each row's histogram and ticket;
-        // in a round, the row's CTAs add to its histogram and take a ticket, and only the
-        // last to arrive reads the histogram, writes the row's state and zeroes both; the
-        // next launch reads the state. pq_rgcnt writes pcnt[r, :, c] for the parts c with
-        // c*TILE < S_b, which pq_rgemit's parts after c read (a later launch). pq_rgemit's
-        // part 0 of the first head of each long row writes ncached[b], which no CTA of the
-        // selection reads (pq_rgq read it, in the first launch).
-        let order = &self.arg_order;
-        let mut launches = vec![
-            Launch {
-                kernel: rk.rgq.clone(),
-                grid: [qrows, r.quant_ctas as u32, 1],
-                args: order.args(&rk.rgq, &named, true)?,
-            },
-            Launch {
-                kernel: rk.rglut.clone(),
-                grid: [rows, m32, lut_blocks],
-                args: order.args(&rk.rglut, &named, true)?,
-            },
-        ];
-        named.push(("ROUND", KernelArg::I32(0)));
-        let round_at = named.len() - 1;
-        for round in 0..4 {
-            named[round_at].1 = KernelArg::I32(round);
-            launches.push(Launch {
-                kernel: rk.rground.clone(),
-                grid: [rows, parts, 1],
-                args: order.args(&rk.rground, &named, true)?,
-            });
-        }
-        launches.push(Launch {
-            kernel: rk.rgcnt.clone(),
-            grid: [rows, np, 1],
-            args: order.args(&rk.rgcnt, &named, true)?,
-        });
-        launches.push(Launch {
-            kernel: rk.rgemit.clone(),
-            grid: [rows, np, 1],
-            args: order.args(&rk.rgemit, &named, true)?,
-        });
-        Ok(launches)
+        ])
     }
 }
 

@@ -1,0 +1,318 @@
+"""Ragged batches on the split histogram path (``K^M <= 4096``, ``M <= 4``): one decode
+step over ``B`` sequences of lengths ``S_b <= S_alloc`` (each with its own ``N_cached[b]``),
+the uniform split path's threshold (``pq_thresh``: the persistent per-row combination
+histogram, one read of the row's codes in all) and emit (``pq_emit``: each row's pass over
+many CTAs) with every length-dependent quantity read on the device, so one captured graph
+serves any lengths written into the ``seq_lens`` buffer between replays.
+
+The step is ``pq_rgq`` (``pq_ragged.py``: each long row's new keys quantized first, any
+number of them; the rows checked into ``stat``), then:
+
+``pq_rgthresh_kernel``, grid ``(B*H,)``: CTA ``r`` (row ``r = b*H + h``) resolves its
+row's sizes at ``S_b`` (``pq_ragged._rg_row``: ratios per row, the short-path test, a
+refused row as ``S_b = 0``) and
+
+- zeroes its emit part flags ``flag i64 [B*H, NP]`` (and CTA 0 the ticket counter ``ctr
+  i32 [1]``);
+- the weights' extent: ``wext i64 [B*H]`` bounds the positions of the row's
+  ``weight_list`` that may be non-zero (the host sets it to ``S_alloc`` where it does not
+  know, e.g. after poisoning the outputs). The row writes ``wz[r] = (lo, wext[r])``,
+  ``lo = S_b`` (0 for a refused row), for the emit to zero ``[lo, wext)``, and sets
+  ``wext[r] = lo``: a decode loop whose lengths grow writes each weight row up to its
+  ``S_b`` only, never the ``S_alloc - S_b`` zeros behind it again;
+- a long row only: the combination histogram ``hist[r]`` (``i32 [B*H, NC]``, persistent:
+  it counts the current codes of the keys ``j < histn[r]``) is reset (zeroed, ``histn[r]
+  = 0``) when ``histn[r] > n_cached[b]``: the row's count was lowered
+  (``set_row_n_cached``: a row replaced or rewound), so ``pq_rgq`` may just have
+  rewritten codes the histogram counts. Codes ``j < n_cached[b]`` are never rewritten, and
+  ``histn`` only ever holds an earlier step's ``w0 <= n``, so otherwise the histogram is
+  exact. Then ``pq_hist._row_threshold`` at the row's own ``w0`` and ``k`` (the histogram
+  moved to the candidates, up or down, the head's lookup table into ``lut f32 [B*H, M,
+  K]``, the threshold rounds) and the class bounds ``bnd f32 [B*H, 2]``, ``need i32
+  [B*H]``, as ``pq_thresh``.
+
+``pq_rgsemit_kernel``, grid ``(B*H*NP,)``, ``NP = max(1, cdiv(S_alloc - init_offset,
+TILE))``: each CTA takes a ticket ``t`` (atomic counter), row ``r = t // NP``, part ``c =
+t % NP``. Every CTA first zeroes its share of the row's stale weights (``[lo, wext)`` of
+``wz`` within its positions: part 0 ``[0, init_offset + TILE)``, part ``c``
+``init_offset + [c*TILE, (c+1)*TILE)``, the last part up to ``S_alloc``) and writes ``-1``
+over its share ``[c*PW, (c+1)*PW)``, ``PW = cdiv(T, NP)``, of the ranks ``total_b .. T``
+of ``sparse_list`` (row stride ``T``). Then the row's own parts, ``c < NP_b = max(1,
+cdiv(S_b - init_offset, TILE))`` (a CTA past them is done):
+
+- a long row: ``pq_split``'s part emit at ``S_b`` (``_rg_emit_part``: keys ``j =
+  c*TILE ..`` scored from the table, classified by the bounds, counts published in the
+  part's flag word, the earlier parts' counts added up (spinning on each), ranked and
+  written; usual rows and any other row placed as ``pq_emit`` places them), weights in
+  rows of stride ``S_alloc``; part 0 also ``sparse_len`` and, at the first head
+  (``h == 0``), ``n_cached[b] = n``;
+- a short row: its positions ``p`` of the part: ``sparse_list[r, p] = p``, weight 1;
+  part 0 ``sparse_len = S_b``;
+- a refused row: part 0 ``sparse_len = -1`` (its list is all padding, its weights all
+  stale).
+
+A part waits only on earlier parts of its own row; tickets are handed out in the order
+CTAs run, so those belong to CTAs already running: the spin always ends, and CTAs past
+their row's parts (which publish nothing) are never waited on.
+
+Launch contract: README.md in this directory.
+"""
+
+import triton
+import triton.language as tl
+
+from kspec import Kernel, i32, i64, ptr, single
+from pq_hist import FIXED as HIST_FIXED, _popc, _row_ids, _row_threshold, _store_heavy, _take_masks
+from pq_ragged import _rg_row, f64
+from pq_split import READY, _low_bits, _part_scores, _store_weights
+
+
+@triton.jit
+def _rg_emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane, S, WS, n, w0,
+                  k, s_sink, s_win, init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
+    """``pq_split._emit_part`` with the weight rows' stride ``WS`` apart from the row's
+    length ``S`` (a ragged row of ``S_b`` keys in a row of ``S_alloc`` weights). The same
+    operations otherwise, line for line; kept as a copy so that ``pq_emit``'s compiled
+    code does not change (fold the two into one helper with a stride argument when
+    ``pq_split`` is rebuilt anyway)."""
+    lane_u = lane.to(tl.uint32)
+    g0 = j0 + wd * 32
+    ws = S - s_win  # first window position
+    cand = _low_bits(g0, w0)
+    fill = _low_bits(g0, k) & (cand ^ 0xFFFFFFFF)  # none unless w0 < k
+    ge_s = tl.sum((sc >= t_sure).to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
+    ge_m = tl.sum((sc >= t_maybe).to(tl.uint32) << lane_u[None, :], axis=1)
+    bs = (ge_s & cand) | fill
+    bm = ge_m & cand & (bs ^ 0xFFFFFFFF)
+    ps = _popc(bs)
+    pm = _popc(bm)
+    packed = ps + (pm << 16)
+    tot = tl.sum(packed, axis=0)
+    # publish this part's counts, then add up those of the row's earlier parts
+    word = READY | ((tot & 0xFFFF).to(tl.int64) << 20) | (tot >> 16).to(tl.int64)
+    tl.atomic_xchg(frow + c, word, sem="relaxed")
+    carry_s = 0
+    carry_m = 0
+    if c > 0:
+        f = tl.load(frow + c - 1, volatile=True)
+        while f < READY:
+            f = tl.load(frow + c - 1, volatile=True)
+        for q0 in range(0, c, QB):
+            qq = q0 + tl.arange(0, QB)
+            qm = qq < c
+            v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
+            while tl.min(v, axis=0) < READY:
+                v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
+            carry_s += tl.sum(((v >> 20) & 0xFFFFF).to(tl.int32), axis=0)
+            carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
+    take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
+
+    # weights: taken keys, window keys (w0 <= j < n) and sink keys (j + init_offset < sink')
+    wbits = take | (_low_bits(g0, n) & (cand ^ 0xFFFFFFFF)) | _low_bits(g0, s_sink - init_offset)
+    _store_weights(w_ptr, wbits, r64, WS, init_offset, j0, j, wd, lane, lane_u, n, TILE, NW)
+    total = s_sink + k + s_win
+    if (init_offset >= s_sink) & (ws >= init_offset) & (w0 >= k):
+        if j0 + TILE > w0:  # window keys in this part
+            tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & (j < n))
+        _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
+    else:
+        for s0 in range(0, tl.minimum(NW, tl.cdiv(n - j0, 32)), 4):  # groups holding keys
+            gi = s0 + tl.arange(0, 4)
+            tg = tl.gather(take, gi, 0)
+            tk = ((tg[:, None] >> lane_u[None, :]) & 1) != 0
+            tb = tl.gather(ex_t, gi, 0)[:, None] + _popc(tg[:, None] & ((1 << lane_u[None, :]) - 1))
+            p = j0 + init_offset + gi[:, None] * 32 + lane[None, :]
+            pv = p.to(tl.int64)
+            in_n = p < S
+            sh = tl.maximum(p - ws, 0)  # window positions before p
+            hs = tl.minimum(p + 1, s_sink)  # sink positions at or before p
+            tl.store(sl_row + hs + tb + sh, pv, mask=tk)
+            tl.store(sl_row + p + tb + sh, pv, mask=(p < s_sink) & in_n)
+            tl.store(sl_row + hs + tb + tk.to(tl.int32) + (p - ws), pv, mask=(p >= ws) & in_n)
+    if c == 0:
+        wty = w_ptr.dtype.element_ty
+        w_row = w_ptr + r64 * WS
+        for p0 in range(0, init_offset, 1024):
+            q = p0 + tl.arange(0, 1024)
+            qm = q < init_offset
+            is_sink = q < s_sink
+            is_win = q >= ws
+            tl.store(w_row + q, (is_sink | is_win).to(tl.float32).to(wty), mask=qm)
+            tl.store(sl_row + q + tl.maximum(q - ws, 0), q.to(tl.int64), mask=qm & is_sink)
+            tl.store(sl_row + tl.minimum(q + 1, s_sink) + (q - ws), q.to(tl.int64), mask=qm & is_win)
+        tl.store(len_ptr + r64, total.to(tl.int64))
+
+
+@triton.jit
+def _rg_sizes32(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c, sink_r, win_c, win_r, hv_c, hv_r):
+    """``pq_ragged._rg_row`` with the row's sizes as i32 (as ``pq_thresh`` / ``pq_emit``
+    take them; ``S_alloc < 2^31``): ``(ok, long, S, n, w0, k, sink', window', total)``."""
+    ok, long, S, n, w0, k, s_sink, s_win, total = _rg_row(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c,
+                                                          sink_r, win_c, win_r, hv_c, hv_r)
+    return (ok, long, S.to(tl.int32), n.to(tl.int32), w0.to(tl.int32), k.to(tl.int32), s_sink.to(tl.int32),
+            s_win.to(tl.int32), total.to(tl.int32))
+
+
+@triton.jit
+def pq_rgthresh_kernel(
+    q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr,
+    lens_ptr, stat_ptr, nc_ptr, wext_ptr, wz_ptr,  #
+    q_sb, q_sh,  #
+    H, G, M, K, bits, d_s, cap, S_alloc, init_offset, metric_ip,  #
+    sink_c, sink_r, win_c, win_r, hv_c, hv_r, NP,  #
+    MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr, DT: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
+):
+    """See the module docstring and README.md (launch contract)."""
+    r = tl.program_id(0)
+    r64, b, h, g, bg = _row_ids(r, H, G)
+    ok, long, S, n, w0, k, s_sink, s_win, total = _rg_sizes32(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c,
+                                                              sink_r, win_c, win_r, hv_c, hv_r)
+    # the emit's part flags of this row (and its ticket counter) start at zero
+    for q0 in range(0, NP, 1024):
+        qq = q0 + tl.arange(0, 1024)
+        tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
+    if r == 0:
+        tl.store(ctr_ptr, 0)
+    # the stale weights the emit zeroes: [lo, wext), then the row's extent is lo
+    lo = tl.where(ok, S, 0).to(tl.int64)
+    we = tl.load(wext_ptr + r64)
+    tl.store(wz_ptr + 2 * r64, lo)
+    tl.store(wz_ptr + 2 * r64 + 1, we)
+    tl.store(wext_ptr + r64, lo)
+    if long:
+        # a lowered count: pq_rgq may have rewritten codes the histogram counts
+        nc_old = tl.load(nc_ptr + b)
+        hn = tl.load(histn_ptr + r)
+        if hn > nc_old:
+            cc = tl.arange(0, NC)
+            tl.store(hist_ptr + r64 * NC + cc, tl.zeros([NC], tl.int32))
+            tl.store(histn_ptr + r, 0)
+        tl.debug_barrier()  # the reset, for every thread, before _hist_move reads histn
+        d_c = d_s + metric_ip
+        s, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
+            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
+            q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, 0)
+        tl.store(bnd_ptr + 2 * r64, t_sure)
+        tl.store(bnd_ptr + 2 * r64 + 1, t_maybe)
+        tl.store(need_ptr + r, need)
+
+
+@triton.jit
+def pq_rgsemit_kernel(
+    codes_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr, lens_ptr, stat_ptr, nc_ptr, wz_ptr, sl_ptr, len_ptr,
+    w_ptr,  #
+    H, G, M, K, cap, S_alloc, T, init_offset,  #
+    sink_c, sink_r, win_c, win_r, hv_c, hv_r, NP,  #
+    MP: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr,
+):
+    """See the module docstring and README.md (launch contract)."""
+    tl.static_assert(TILE < 65536)  # two 16-bit counts per int32 in the scan (and < 2^20 per flag field)
+    t = tl.atomic_add(ctr_ptr, 1, sem="relaxed")  # ticket: lower ones are running or done
+    r = t // NP
+    c = t - r * NP
+    r64, b, h, g, bg = _row_ids(r, H, G)
+    ok, long, S, n, w0, k, s_sink, s_win, total = _rg_sizes32(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c,
+                                                              sink_r, win_c, win_r, hv_c, hv_r)
+    io = init_offset.to(tl.int32)
+    sa = S_alloc.to(tl.int32)
+    wty = w_ptr.dtype.element_ty
+    w_row = w_ptr + r64 * S_alloc
+    sl_row = sl_ptr + r64 * T
+    # this CTA's positions: part 0 from 0, the last part up to S_alloc
+    p_lo = tl.where(c == 0, 0, io + c * TILE)
+    p_hi = tl.where(c == NP - 1, sa, io + (c + 1) * TILE)
+    # stale weights [lo, wext) of the row within them
+    z_lo = tl.maximum(tl.load(wz_ptr + 2 * r64).to(tl.int32), p_lo)
+    z_hi = tl.minimum(tl.load(wz_ptr + 2 * r64 + 1).to(tl.int32), p_hi)
+    for z0 in range(z_lo, z_hi, 1024):
+        z = z0 + tl.arange(0, 1024)
+        tl.store(w_row + z, tl.zeros([1024], tl.float32).to(wty), mask=z < z_hi)
+    # -1 over this CTA's share of the ranks total_b .. T
+    PW = tl.cdiv(T, NP)
+    t_lo = tl.maximum(c * PW, tl.where(ok, total, 0))
+    t_hi = tl.minimum((c + 1) * PW, T)
+    for t0 in range(t_lo, t_hi, 1024):
+        tt = t0 + tl.arange(0, 1024)
+        tl.store(sl_row + tt, tl.full([1024], -1, tl.int64), mask=tt < t_hi)
+    NPB = tl.maximum(tl.cdiv(S - io, TILE), 1)  # the row's own parts
+    if c < NPB:
+        if long:
+            NW: tl.constexpr = TILE // 32
+            wd = tl.arange(0, NW)
+            lane = tl.arange(0, 32)
+            j0 = c * TILE
+            j = j0 + wd[:, None] * 32 + lane[None, :]
+            sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
+            t_sure = tl.load(bnd_ptr + 2 * r64)
+            t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
+            need = tl.load(need_ptr + r)
+            _rg_emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd,
+                          lane, S, sa, n, w0, k, s_sink, s_win, io, NW, TILE, QB)
+            if (c == 0) & (h == 0):
+                tl.store(nc_ptr + b, n.to(tl.int64))
+        elif ok:
+            # a short row: every position, weight 1
+            s_hi = tl.minimum(p_hi, S)
+            for p0 in range(p_lo, s_hi, 1024):
+                p = p0 + tl.arange(0, 1024)
+                pm = p < s_hi
+                tl.store(sl_row + p, p.to(tl.int64), mask=pm)
+                tl.store(w_row + p, tl.full([1024], 1.0, tl.float32).to(wty), mask=pm)
+            if c == 0:
+                tl.store(len_ptr + r64, S.to(tl.int64))
+        else:
+            if c == 0:
+                tl.store(len_ptr + r64, -1)
+
+
+# ----------------------------------------------------------------------------------
+# declarations for the build
+
+DTYPES = ("fp32", "bf16", "fp16")
+MPS = (2, 4)  # code rows loaded per key, M <= MP (the combination histogram takes M <= 4)
+RGTHRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")}
+RGSEMIT_FIXED = {"QB": 64}
+#: keys per emit CTA: pq_emit's default (NOTES.md, "the histogram path split in two launches")
+RGSEMIT_TILE = 4096
+
+
+def _sizes():
+    return (i64("sink_c"), f64("sink_r"), i64("win_c"), f64("win_r"), i64("hv_c"), f64("hv_r"))
+
+
+def _thresh_args(qt):
+    return (
+        ptr("q_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"),
+        ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"),
+        ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("lens_ptr", "i64", False),
+        ptr("stat_ptr", "i32", False), ptr("nc_ptr", "i64", False), ptr("wext_ptr", "i64", False),
+        ptr("wz_ptr", "i64", False),
+        i64("q_sb"), i64("q_sh"),
+        i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("cap", div16=True), i64("S_alloc"),
+        i64("init_offset"), i32("metric_ip"), *_sizes(), i32("NP"),
+    )
+
+
+def _emit_args(wt):
+    return (
+        ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"),
+        ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("lens_ptr", "i64", False), ptr("stat_ptr", "i32", False),
+        ptr("nc_ptr", "i64", False), ptr("wz_ptr", "i64", False), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"),
+        ptr("w_ptr", wt),
+        i32("H"), i32("G"), i32("M"), i32("K"), i32("cap", div16=True), i64("S_alloc"), i64("T"),
+        i64("init_offset"), *_sizes(), i32("NP"),
+    )
+
+
+KERNELS = []
+for _mp in MPS:
+    for _qt in DTYPES:
+        KERNELS.append(
+            Kernel(name=f"pq_rgthresh.m{_mp}.q_{_qt}", fn=pq_rgthresh_kernel, args=_thresh_args(_qt),
+                   fixed=dict(RGTHRESH_FIXED, MP=_mp), variants={80: single({}, 8, 1), 90: single({}, 8, 1)}))
+    for _wt in DTYPES:
+        KERNELS.append(
+            Kernel(name=f"pq_rgsemit.m{_mp}.w_{_wt}", fn=pq_rgsemit_kernel, args=_emit_args(_wt),
+                   fixed=dict(RGSEMIT_FIXED, MP=_mp),
+                   variants={80: single({"TILE": RGSEMIT_TILE}, 4, 1), 90: single({"TILE": RGSEMIT_TILE}, 4, 1)}))
