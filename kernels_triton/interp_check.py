@@ -396,16 +396,20 @@ def case_args(prog, doc, cases, quick=False):
     """The command line the interpreter checks share: ``--case NAME`` (one case of
     ``cases``, each a tuple whose first item is its name), ``--seed N`` (else a fresh
     seed, printed as ``<prog>: seed N`` so a failure can be replayed) and, where
-    ``quick``, ``--quick`` (the first two cases). Returns ``(rng, the cases to run)``."""
+    ``quick`` is given, ``--quick``: the cases it names (a tuple of names), or the first
+    two (``True``). Returns ``(rng, the cases to run)``."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     if quick:
-        ap.add_argument("--quick", action="store_true", help="the first two cases only")
+        names = [c[0] for c in cases[:2]] if quick is True else list(quick)
+        unknown = [q for q in names if q not in {c[0] for c in cases}]
+        assert not unknown, f"quick cases not in the list: {unknown}"
+        ap.add_argument("--quick", action="store_true", help=f"these cases only: {', '.join(names)}")
     ap.add_argument("--case", default=None, help="this case only (by name)")
     ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"{prog}: seed {seed}")
-    run = cases[:2] if quick and a.quick else cases
+    run = [c for c in cases if c[0] in names] if quick and a.quick else cases
     if a.case:
         run = [c for c in cases if c[0] == a.case]
         if not run:

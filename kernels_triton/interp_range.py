@@ -129,8 +129,14 @@ CASES = [
 ]
 
 
+#: what CI runs (``--quick``, CI's time budget): every emit placement, M in {2, 4, 8}, ip,
+#: ties, huge and non-finite scores; the full list runs without ``--quick``
+QUICK = ("m2_bits8", "m4_bits8_ip", "m2_bits7_dense", "huge_scores", "nonfinite", "sink_past_first_key",
+         "fill_from_window", "window_before_first_key", "m8_bits4")
+
+
 def main():
-    rng, cases = case_args("interp_range", __doc__, CASES)
+    rng, cases = case_args("interp_range", __doc__, CASES, quick=QUICK)
     for name, (B, H, H_kv, D, M, bits), S0, steps, cfg, small, ip, tile, rtile in cases:
         mp = 2 if M <= 2 else 4 if M <= 4 else 8
         n0 = S0 - cfg["init_offset"] - 1

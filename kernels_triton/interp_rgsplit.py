@@ -207,8 +207,14 @@ CASES = [
 ]
 
 
+#: what CI runs (``--quick``, CI's time budget): short rows beside long ones over several
+#: parts, the sink past the first key with the fill rule, ratios, non-finite inputs; the
+#: full list runs without ``--quick``
+QUICK = ("mixed_m2_b4", "io_lt_sink_fill", "ratios", "nonfinite")
+
+
 def main():
-    rng, cases = case_args("interp_rgsplit", __doc__, CASES)
+    rng, cases = case_args("interp_rgsplit", __doc__, CASES, quick=QUICK)
     for name, (B, H, H_kv, D, M, bits), sa, lens0, new, cfg, small, ip, nch, tile in cases:
         K = 1 << bits
         assert K**M <= FIXED["NC"] and M <= 4, name  # the combination histogram's configs
