@@ -126,7 +126,7 @@ pub struct BenchArgs {
     #[arg(
         long = "variant",
         value_name = "ID",
-        conflicts_with_all = ["soak", "prefill", "devices", "decode_loop"]
+        conflicts_with_all = ["soak", "prefill", "devices"]
     )]
     pub variants: Vec<String>,
     #[command(flatten)]
@@ -238,7 +238,16 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<i32> {
         } else {
             a.seq_lens.clone()
         };
-        return super::ragged::decode_loop(&rt, &cfg, a.workload.shape(), &starts, a.steps, a.seed);
+        let choice = super::run::kernel_choice(rt.store(), &a.variants)?;
+        return super::ragged::decode_loop(
+            &rt,
+            &cfg,
+            a.workload.shape(),
+            &starts,
+            a.steps,
+            a.seed,
+            &choice,
+        );
     }
     let base: Shape = a.workload.shape();
     let seq_lens: Vec<usize> = if a.sweep {

@@ -419,7 +419,9 @@ fn time_ragged_loop(
 
 /// `tritonrt bench --decode-loop`: a ragged batch's decode loop replayed from one graph
 /// whose lengths live in a device buffer, against a uniform batch of the same total length
-/// (the fixed-`S` step, and the ragged kernels at equal lengths). Returns the exit code.
+/// (the fixed-`S` step, and the ragged kernels at equal lengths); every indexer's variants
+/// by `choice` (bench's `--variant`, else the tuning table, else the defaults). Returns
+/// the exit code.
 pub fn decode_loop(
     rt: &Arc<Runtime>,
     cfg: &PqConfig,
@@ -427,6 +429,7 @@ pub fn decode_loop(
     starts: &[usize],
     steps: usize,
     seed: u64,
+    choice: &KernelChoice,
 ) -> anyhow::Result<i32> {
     anyhow::ensure!(steps >= 1, "--decode-loop needs --steps >= 1");
     let warm = 10;
@@ -466,7 +469,7 @@ pub fn decode_loop(
         shape,
         &data.centroids,
         None,
-        &KernelChoice::new(),
+        choice,
     )?;
     ix.import_codes(&data.codes, data.n)?;
     ix.set_row_n_cached(&n0)?;
@@ -500,7 +503,7 @@ pub fn decode_loop(
             shape,
             &data.centroids,
             None,
-            &KernelChoice::new(),
+            choice,
         )?;
         rx.import_codes(&data.codes, data.n)?;
         rx.set_row_n_cached(&n0)?;
@@ -531,7 +534,7 @@ pub fn decode_loop(
         ushape,
         &udata.centroids,
         None,
-        &KernelChoice::new(),
+        choice,
     )?;
     fx.import_codes(&udata.codes, udata.n)?;
     fx.prepare(ulast)?;
@@ -566,7 +569,7 @@ pub fn decode_loop(
         ushape,
         &udata.centroids,
         None,
-        &KernelChoice::new(),
+        choice,
     )?;
     rx.import_codes(&udata.codes, udata.n)?;
     rx.set_row_n_cached(&un0)?;

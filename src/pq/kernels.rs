@@ -399,12 +399,16 @@ impl Kernels {
                     ));
                 }
                 let mp = if m <= 2 { 2 } else { 4 };
-                let split = match (
-                    hist_built_for(cfg),
-                    rt.default_kernel(&format!("pq_rgthresh.m{mp}.q_{qt}")),
-                    rt.default_kernel(&format!("pq_rgsemit.m{mp}.w_{wt}")),
-                ) {
-                    (true, Ok(thresh), Ok(emit)) => Some(RaggedSplitKernels {
+                let (thresh, emit) = if hist_built_for(cfg) {
+                    (
+                        ld.load_optional(&format!("pq_rgthresh.m{mp}.q_{qt}"))?,
+                        ld.load_optional(&format!("pq_rgsemit.m{mp}.w_{wt}"))?,
+                    )
+                } else {
+                    (None, None)
+                };
+                let split = match (thresh, emit) {
+                    (Some(thresh), Some(emit)) => Some(RaggedSplitKernels {
                         tile: constexpr_usize(&emit, "TILE")?,
                         thresh,
                         emit,
