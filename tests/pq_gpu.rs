@@ -229,19 +229,8 @@ fn gpu_pipeline_matches_cpu_reference() {
             .n_cached
             .unwrap_or_else(|| PqInputs::default_n_cached(&case.cfg, case.shape.s));
         let s = seed.wrapping_add(i as u64 * 7919);
-        let inputs = if case.exact {
-            PqInputs::small_integer(&case.cfg, case.shape, n_cached, s)
-        } else {
-            PqInputs::random(&case.cfg, case.shape, n_cached, s)
-        }
-        .expect("inputs");
-        for path in [
-            SelectPath::Chunked,
-            SelectPath::Hist,
-            SelectPath::Split,
-            SelectPath::IndexWfill,
-            SelectPath::IndexCompanion,
-        ] {
+        let inputs = inputs_for(&case.cfg, case.shape, n_cached, case.exact, s);
+        for path in SelectPath::FORCED {
             let t = std::time::Instant::now();
             let ex = match execute_with_path(
                 &rt,
@@ -619,13 +608,7 @@ fn gpu_paths_correct_beside_a_busy_stream() {
         sh(1, 8, 8, 6000, 128),
         sh(1, 8, 2, 6000, 128),
     ];
-    let paths = [
-        SelectPath::Chunked,
-        SelectPath::Hist,
-        SelectPath::Split,
-        SelectPath::IndexWfill,
-        SelectPath::IndexCompanion,
-    ];
+    let paths = SelectPath::FORCED;
     let (mut runs, mut failures) = (0usize, Vec::new());
     for (si, &shape) in shapes.iter().enumerate() {
         for (pi, &path) in paths.iter().enumerate() {

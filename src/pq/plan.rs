@@ -129,6 +129,17 @@ pub enum SelectPath {
 }
 
 impl SelectPath {
+    /// Every path a caller can force, one of each kind of select launch (`Index`, which
+    /// picks one of its two weight fills, and `Auto` left out): for sweeps over the paths
+    /// and for finding which path launches a given kernel.
+    pub const FORCED: [SelectPath; 5] = [
+        SelectPath::Chunked,
+        SelectPath::Hist,
+        SelectPath::Split,
+        SelectPath::IndexWfill,
+        SelectPath::IndexCompanion,
+    ];
+
     /// Whether this path asks for the indexed histogram path where it applies: under
     /// [`SelectPath::Index`], its two weight-fill forms and [`SelectPath::Auto`]
     /// (measured on the H100, NOTES.md, "the indexed histogram path (`pq_wfill` +

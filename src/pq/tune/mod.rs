@@ -522,13 +522,7 @@ fn path_launching(
     if auto.iter().any(|k| k == name) {
         return Ok(SelectPath::Auto);
     }
-    for path in [
-        SelectPath::Chunked,
-        SelectPath::Hist,
-        SelectPath::Split,
-        SelectPath::IndexWfill,
-        SelectPath::IndexCompanion,
-    ] {
+    for path in SelectPath::FORCED {
         if let Ok((_, ks)) = step_kernels(rt, w, new_keys, path) {
             if ks.iter().any(|k| k == name) {
                 return Ok(path);
