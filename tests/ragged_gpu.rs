@@ -79,6 +79,29 @@ fn ragged(c: &PqConfig, x: PqInputs, lens: &[usize], ncs: &[usize]) -> RaggedInp
     RaggedInputs::new(c, x, &l, Some(&n)).expect("ragged inputs")
 }
 
+/// One step of a graph decode loop checked against the CPU reference run from the state
+/// before it (`prev_codes`: the codes and how many keys they hold; `prev_nc`: each row's
+/// count), then both moved to the step's outputs.
+fn check_loop_step(
+    c: &PqConfig,
+    x0: &PqInputs,
+    lens: &[usize],
+    prev_codes: &mut (Vec<i64>, usize),
+    prev_nc: &mut Vec<usize>,
+    out: &RaggedOutput,
+    what: &str,
+) {
+    let x = PqInputs {
+        codes: prev_codes.0.clone(),
+        n_cached: prev_codes.1,
+        ..x0.clone()
+    };
+    let rx = ragged(c, x, lens, prev_nc);
+    assert_checked(c, &rx, out, false, what);
+    *prev_codes = (out.codes.clone(), out.n_max);
+    *prev_nc = out.n_cached.clone();
+}
+
 fn assert_checked(c: &PqConfig, x: &RaggedInputs, out: &RaggedOutput, exact: bool, what: &str) {
     let opts = CheckOptions {
         mode: if exact {
@@ -329,15 +352,15 @@ fn graph_replay_with_lengths_in_a_device_buffer() {
             .expect("step");
         captures += usize::from(info.captured);
         let out = ix.download_ragged().expect("download");
-        let x = PqInputs {
-            codes: prev_codes.0.clone(),
-            n_cached: prev_codes.1,
-            ..x0.clone()
-        };
-        let rx = ragged(&c, x, &lens, &prev_nc);
-        assert_checked(&c, &rx, &out, false, &format!("step {i} lens {lens:?}"));
-        prev_codes = (out.codes.clone(), out.n_max);
-        prev_nc = out.n_cached.clone();
+        check_loop_step(
+            &c,
+            &x0,
+            &lens,
+            &mut prev_codes,
+            &mut prev_nc,
+            &out,
+            &format!("step {i} lens {lens:?}"),
+        );
     }
     assert_eq!(captures, 1, "one graph for every length");
     // a bad row in the buffer: refused on the device, reported by row and values
@@ -407,15 +430,15 @@ fn lowered_counts_and_shrinking_rows_on_the_split_path() {
         assert_eq!(info.launches, 3);
         captures += usize::from(info.captured);
         let out = ix.download_ragged().expect("download");
-        let x = PqInputs {
-            codes: prev_codes.0.clone(),
-            n_cached: prev_codes.1,
-            ..x0.clone()
-        };
-        let rx = ragged(&c, x, &lens, &prev_nc);
-        assert_checked(&c, &rx, &out, false, &format!("step {i} lens {lens:?}"));
-        prev_codes = (out.codes.clone(), out.n_max);
-        prev_nc = out.n_cached.clone();
+        check_loop_step(
+            &c,
+            &x0,
+            &lens,
+            &mut prev_codes,
+            &mut prev_nc,
+            &out,
+            &format!("step {i} lens {lens:?}"),
+        );
     }
     assert_eq!(captures, 1, "one graph for every length and count");
 }

@@ -462,17 +462,25 @@ pub fn decode_loop(
         .map(|&s| cfg.n_quantized(s).saturating_sub(1))
         .collect();
     let data = loop_data(&stream, cfg, shape, &n0, &last, seed)?;
-    let mut ix = GpuIndexer::new(
-        rt.clone(),
-        stream.clone(),
-        *cfg,
-        shape,
-        &data.centroids,
-        None,
-        choice,
-    )?;
-    ix.import_codes(&data.codes, data.n)?;
-    ix.set_row_n_cached(&n0)?;
+    // an indexer on the loop's codes and start counts, on `path` (None: the config's)
+    let loop_indexer = |path: Option<RaggedPath>| -> anyhow::Result<GpuIndexer> {
+        let mut ix = GpuIndexer::new(
+            rt.clone(),
+            stream.clone(),
+            *cfg,
+            shape,
+            &data.centroids,
+            None,
+            choice,
+        )?;
+        ix.import_codes(&data.codes, data.n)?;
+        ix.set_row_n_cached(&n0)?;
+        if path.is_some() {
+            ix.set_ragged_path(path)?;
+        }
+        Ok(ix)
+    };
+    let mut ix = loop_indexer(None)?;
     let path = ix.ragged_path()?;
     let ragged = time_ragged_loop(rt, &stream, warm, steps, &mut ix, &data, |i| {
         lens_at(starts, i).iter().map(|&s| s as i64).collect()
@@ -496,18 +504,7 @@ pub fn decode_loop(
     drop(ix);
     if path != RaggedPath::Radix {
         // the same loop on the radix path (every config's), for comparison
-        let mut rx = GpuIndexer::new(
-            rt.clone(),
-            stream.clone(),
-            *cfg,
-            shape,
-            &data.centroids,
-            None,
-            choice,
-        )?;
-        rx.import_codes(&data.codes, data.n)?;
-        rx.set_row_n_cached(&n0)?;
-        rx.set_ragged_path(Some(RaggedPath::Radix))?;
+        let mut rx = loop_indexer(Some(RaggedPath::Radix))?;
         let radix = time_ragged_loop(rt, &stream, warm, steps, &mut rx, &data, |i| {
             lens_at(starts, i).iter().map(|&s| s as i64).collect()
         })?;
