@@ -537,7 +537,7 @@ pub fn decode_loop(
     fx.prepare(ulast)?;
     // each timed step appends one key, starting from one before S = su
     fx.rewind(un0[0]);
-    let path = fx.plan(su)?.kind;
+    let fixed_kind = fx.plan(su)?.kind;
     let fixed = {
         let cell = std::cell::RefCell::new(&mut fx);
         time_loop(
@@ -556,7 +556,7 @@ pub fn decode_loop(
     };
     drop(fx);
     say!(
-        "uniform, fixed-S step (S = {su}, {path:?}): {}",
+        "uniform, fixed-S step (S = {su}, {fixed_kind:?}): {}",
         fixed.line()
     );
     let mut rx = GpuIndexer::new(
@@ -575,7 +575,8 @@ pub fn decode_loop(
     })?;
     rx.check_ragged_errors()?;
     say!(
-        "uniform, ragged kernels (S_b = {su}, {path:?} path): {}",
+        "uniform, ragged kernels (S_b = {su}, {:?} path): {}",
+        rx.ragged_path()?,
         uniform_ragged.line()
     );
     let ratio = ragged.gpu.median_us / fixed.gpu.median_us;
