@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use super::run::{Backend, RunArgs, Values};
+use super::run::{Backend, RunArgs};
 use super::{EXIT_CHECK_FAILED, EXIT_OK};
 use tritonrt::driver::DeviceBuf;
-use tritonrt::pq::check::{CheckMode, CheckOptions};
+use tritonrt::pq::check::CheckOptions;
 use tritonrt::pq::gpu::{
     self, DeviceInputs, DeviceTensorRef, GpuIndexer, KernelChoice, LaunchMode, StepTiming,
 };
@@ -94,10 +94,7 @@ pub fn run_ragged(
         true
     } else {
         let t = Instant::now();
-        let mode = match a.values {
-            Values::SmallInt if a.input.is_none() => CheckMode::Exact,
-            _ => CheckMode::Spec,
-        };
+        let mode = a.check_mode();
         let report = check_ragged(
             cfg,
             &rx,

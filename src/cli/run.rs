@@ -231,6 +231,18 @@ pub struct ConfigFlags {
 }
 
 /// `--sink-size`: a count or a ratio of S ([`Size::parse_field`], naming `sink_size`).
+impl RunArgs {
+    /// How the GPU's outputs are checked against the CPU reference: exactly where the
+    /// inputs are generated small integers (well-separated scores), else by the spec's
+    /// tolerance rule.
+    pub(crate) fn check_mode(&self) -> CheckMode {
+        match self.values {
+            Values::SmallInt if self.input.is_none() => CheckMode::Exact,
+            _ => CheckMode::Spec,
+        }
+    }
+}
+
 pub(crate) fn parse_sink(s: &str) -> Result<Size, String> {
     Size::parse_field("sink_size", s).map_err(|e| e.to_string())
 }
@@ -591,10 +603,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         true
     } else {
         let t = Instant::now();
-        let mode = match a.values {
-            Values::SmallInt if a.input.is_none() => CheckMode::Exact,
-            _ => CheckMode::Spec,
-        };
+        let mode = a.check_mode();
         let report = check_with(
             &cfg,
             &inputs,
