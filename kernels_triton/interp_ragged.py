@@ -289,8 +289,14 @@ CASES = [
 ]
 
 
+#: what CI runs (``--quick``, CI's time budget): the configs this path serves (K^M >
+#: 4096, ip, GQA), short rows beside long ones, the sink past the first key with the fill
+#: rule, non-finite inputs; the full list runs without ``--quick``
+QUICK = ("m4_b8_ip_gqa", "mixed_m2_b4", "io_lt_sink_fill", "nonfinite")
+
+
 def main():
-    rng, cases = case_args("interp_ragged", __doc__, CASES)
+    rng, cases = case_args("interp_ragged", __doc__, CASES, quick=QUICK)
     for name, (B, H, H_kv, D, M, bits), sa, lens0, new, cfg, small, ip, nch, tile in cases:
         K = 1 << bits
         io = cfg["init_offset"]
