@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""CPU check of ``pq_quant_kernel`` under Triton's interpreter (no GPU, no torch).
+"""CPU check of ``pq_cprep_kernel`` + ``pq_quant_kernel`` under Triton's interpreter (no GPU, no torch).
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_quant.py
 
 Quantizes the new keys of a small random state (B=1, H_kv=2, M=2, D=64: d_s=32, K=64,
 euclidean, 70 new keys: a full and a masked tile of 64) with each form of the
-product (bf16 keys with ``SPLIT16`` 1 and 0, fp32 keys with tf32x3) and checks every code
+product (bf16 keys with ``SPLIT16`` 1 and 0, fp32 keys with tf32x3), with one CTA per
+row looping over both tiles or one CTA per tile, and checks every code
 against a float64 argmin by the spec's code rule (``CODE_TOL`` in src/pq/check.rs: the
 chosen centroid's distance within ``1e-5 * (||x||^2 + max ||c||^2)`` of the minimum);
 keys with a NaN or infinite coordinate (a few planted) must get exactly the reference's
 code under the non-finite rule (code 0 here: every distance is NaN or +inf). Codes outside
-the new keys' range must keep their poison. Exit status 1 on the first mismatch.
+the new keys' range must keep their poison. ``pq_cprep``'s output, which ``pq_quant``
+reads, is checked first: the norms against float64 (relative 1e-6), the three bf16 terms
+summing to each centroid exactly. Exit status 1 on the first mismatch.
 
 Triton's interpreter stores bf16 as uint16 and its ``tl.dot`` multiplies those bit
 patterns (triton-lang/triton#11584, not supported upstream), so this script converts
@@ -32,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from interp_check import Arr, nearest  # noqa: E402
-from pq_quant import FIXED, pq_quant_kernel  # noqa: E402
+from pq_quant import FIXED, KERNELS, pq_cprep_kernel, pq_quant_kernel  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -67,8 +70,9 @@ def to_bf16(x):
     return r, (r.astype(np.uint32) << 16).view(np.float32)
 
 
-def run(rng, dtype, split16, metric_ip):
-    """One state, one launch; returns the number of codes checked."""
+def run(rng, dtype, split16, metric_ip, ctas):
+    """One state, pq_cprep then one pq_quant launch of ``ctas`` CTAs per row (each
+    looping over its key tiles); returns the number of codes checked."""
     B, H_kv, M, D, bits, S_alloc = 1, 2, 2, 64, 6, 160
     K, d_s = 1 << bits, D // M
     d_c = d_s + metric_ip
@@ -87,11 +91,22 @@ def run(rng, dtype, split16, metric_ip):
     phi = np.full(B * H_kv * M, float(d_s) * 3.0, np.float32)
     codes = np.full((B, H_kv, M, cap), POISON, np.uint8)
     c_arr = Arr(codes)
-    grid = ((n_new + 63) // 64, B * H_kv * M)
-    pq_quant_kernel[grid](k_arr, Arr(cent), Arr(phi), c_arr, H_kv * S_alloc * D, S_alloc * D, D, H_kv, M, K, d_s,
-                          pos0, t0, n_new, cap, metric_ip, BLOCK_N=64, SPLIT16=split16, num_warps=8, **FIXED)
+    rows = B * H_kv * M
+    prep = Arr(np.full(rows * 3 * K * d_s, 0x7FC0, np.uint16), "bfloat16")  # NaN where not written
+    cn = Arr(np.full(rows * K, np.nan, np.float32))
+    cprep = next(k for k in KERNELS if k.name == "pq_cprep")
+    pq_cprep_kernel[((K + 63) // 64, rows)](Arr(cent), prep, cn, K, d_s, metric_ip, num_warps=4, **cprep.fixed)
+    want_cn = (cent.astype(np.float64)**2).sum(-1).reshape(-1)
+    if not np.allclose(cn.a, want_cn, rtol=1e-6):
+        sys.exit(f"pq_cprep: norms differ from float64 by up to {np.abs(cn.a - want_cn).max()}")
+    parts = (prep.a.astype(np.uint32) << 16).view(np.float32).reshape(rows, 3, K, d_s)
+    if not np.array_equal(parts.sum(1, dtype=np.float64), cent.reshape(rows, K, d_c)[:, :, :d_s].astype(np.float64)):
+        sys.exit("pq_cprep: the three bf16 terms do not sum to the centroids exactly")
+    pq_quant_kernel[(ctas, rows)](k_arr, Arr(cent), Arr(phi), prep, cn, c_arr, H_kv * S_alloc * D, S_alloc * D, D,
+                                  H_kv, M, K, d_s, pos0, t0, n_new, cap, metric_ip, BLOCK_N=64, SPLIT16=split16,
+                                  num_warps=8, **FIXED)
     got = c_arr.a
-    what = f"{dtype} SPLIT16={split16} metric_ip={metric_ip}"
+    what = f"{dtype} SPLIT16={split16} metric_ip={metric_ip} {ctas} CTA(s) per row"
     checked = 0
     for g in range(H_kv):
         for m in range(M):
@@ -127,8 +142,9 @@ def run(rng, dtype, split16, metric_ip):
 def main():
     rng = np.random.default_rng(21)
     total = 0
-    for dtype, split16 in (("bf16", 1), ("bf16", 0), ("fp32", 0)):
-        total += run(rng, dtype, split16, 0)
+    # n_new = 70 keys are two tiles of 64: one CTA per row loops over both, two take one each
+    for dtype, split16, ctas in (("bf16", 1, 1), ("bf16", 1, 2), ("bf16", 0, 1), ("fp32", 0, 2)):
+        total += run(rng, dtype, split16, 0, ctas)
     print(f"pq_quant interpreter check passed ({total} codes)")
 
 

@@ -1,26 +1,32 @@
 """Bulk quantization of a decode step's new keys (spec step 1), any number of them.
 
-Kernel (launch contract: README.md in this directory), built as two logical kernels per
-key dtype ``qt``: ``pq_quant.k_<qt>`` for any key layout and ``pq_quant.a16.k_<qt>``, whose
-key pointer (16 bytes), key strides and ``d_s`` (16 elements) are declared multiples of 16
-so a key tile loads as 16-byte vectors; the runtime takes the second where the keys allow
-(``Kernels::quant_for`` in src/pq/kernels.rs).
+Kernels (launch contract: README.md in this directory): ``pq_quant``, built as two logical
+kernels per key dtype ``qt``: ``pq_quant.k_<qt>`` for any key layout and
+``pq_quant.a16.k_<qt>``, whose key pointer (16 bytes), key strides and ``d_s`` (16
+elements) are declared multiples of 16 so a key tile loads as 16-byte vectors; the runtime
+takes the second where the keys allow (``Kernels::quant_for`` in src/pq/kernels.rs). And
+``pq_cprep``, launched once when an indexer is made: what every ``pq_quant`` CTA would
+otherwise derive again from the constant centroids.
+
+* ``pq_cprep_kernel``: the centroids' squared norms ``cn f32 [B*H_kv*M, K]`` and their
+  three-term bf16 split ``prep bf16 [B*H_kv*M, 3, K, d_s]`` (see its docstring).
 
 * ``pq_quant_kernel``: ``codes[b, g, m, t0 + t] = argmin_c ||x - centroids[b, g, m, c]||^2``
   for the new keys ``t < n_new`` at positions ``pos0 + t`` of KV head ``(b, g)``,
   subvector ``m`` (metric ip: ``x`` extended by ``sqrt(max(0, phi - ||x||^2))``).
-  Grid ``(cdiv(n_new, BLOCK_N), B*H_kv*M)``: program ``(i, row)``, ``row = (b*H_kv + g)*M
-  + m``, owns keys ``i*BLOCK_N ..`` of that subvector. Keys: ``[B, H_kv, S_alloc, D]`` of
-  the key dtype (fp32 / bf16 / fp16) with element strides ``k_sb, k_sh, k_ss`` (``D``
-  contiguous); centroids f32 ``[B, H_kv, M, K, d_c]``; phi f32 ``[B*H_kv*M]`` (ip only);
-  codes u8 ``[B, H_kv, M, cap]``.
+  Grid ``(P, B*H_kv*M)``, any ``P >= 1``: program ``(i, row)``, ``row = (b*H_kv + g)*M +
+  m``, owns the key tiles ``i, i + P, ..`` (``BLOCK_N`` keys each) of that subvector.
+  Keys: ``[B, H_kv, S_alloc, D]`` of the key dtype (fp32 / bf16 / fp16) with element
+  strides ``k_sb, k_sh, k_ss`` (``D`` contiguous); centroids f32 ``[B, H_kv, M, K, d_c]``;
+  phi f32 ``[B*H_kv*M]`` (ip only); ``prep`` and ``cn`` as ``pq_cprep_kernel`` wrote them
+  for these centroids; codes u8 ``[B, H_kv, M, cap]``.
 
 How: one pass over the keys' bytes. A tile of ``BLOCK_N`` keys x ``BLOCK_C`` centroids
 scores ``||c||^2 - 2 <x, c>`` (the distance less the key's own ``||x||^2``, which does not
 move the argmin) with the tensor cores, then a running argmin over the centroid blocks,
 lowest ``c`` on ties. ``<x, c>``: with ``SPLIT16`` (bf16 keys, which are exact in bf16)
-the f32 centroids are split into three bf16 terms ``c1 + c2 + c3`` (24 mantissa bits,
-f32's exponent range) and the three bf16 products are exact, accumulated in f32; else
+against the f32 centroids split into three bf16 terms ``c1 + c2 + c3`` (``prep``: 24
+mantissa bits, f32's exponent range), the three bf16 products exact, accumulated in f32; else
 ``tl.dot`` in ``tf32x3`` (each f32 operand split in a tf32 high and low part, three
 products: about 2^-21 relative per product, f32 accumulation).
 The expanded form differs from the direct ``sum (x - c)^2`` (``_nearest`` in
@@ -29,12 +35,14 @@ for ``d_s <= 128``: far inside the spec's code check (a code is right when its f
 distance is within ``1e-5 * (||x||^2 + max ||c||^2)`` of the minimum; ``CODE_TOL`` in
 src/pq/check.rs). Exact ties (equal centroids) give equal expanded scores: lowest ``c``.
 
-Speed (NOTES.md, "multi-token steps (issue 21, item 1)"): the kernel is bound by each
-CTA's latency chain, not by bandwidth, so what counts is CTAs resident per SM and the
-per-CTA work that does not scale with its keys (the centroid tile's loads, norms and
-split). The vector-load bf16 default takes 128 keys per CTA with the bf16 split, 8 warps
-held to 128 registers (``MAXNREG``: two CTAs per SM, no spills): 4096 new keys of the
-target shape 42.4 us per step on an H200 against 80.6 us for the any-layout kernel.
+Speed (NOTES.md, "multi-token steps (issue 21, item 1)" and "the centroids' split made
+once"): the kernel is bound by each CTA's latency chain, not by bandwidth, so what counts
+is CTAs resident per SM and the per-CTA work that does not scale with its keys. The
+vector-load bf16 default takes 128 keys per tile with the bf16 split, 8 warps held to 128
+registers (``MAXNREG``: two CTAs per SM); the runtime launches one round of resident
+CTAs (``P`` per row, from the driver's occupancy), each looping over its tiles, the
+centroid norms and split read ready-made (``pq_cprep``) instead of derived again by
+every CTA.
 
 Keys the expanded form cannot answer exactly: a subvector with ``||x||^2`` not below
 ``SAFE`` (NaN, inf, or so large that products could overflow), or any centroid of the
@@ -58,23 +66,101 @@ SAFE = tl.constexpr(1e18)
 
 
 @triton.jit
-def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, n_new, cap,
-                    metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+def pq_cprep_kernel(cent_ptr, prep_ptr, cn_ptr, K, d_s, metric_ip, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What ``pq_quant_kernel`` needs of the constant centroids, made once per indexer.
+    Grid ``(cdiv(K, BLOCK_C), rows)``, ``rows = B*H_kv*M``: ``cn[row, c] = ||c||^2`` over
+    its ``d_c = d_s + metric_ip`` coordinates (f32 products rounded, ``_mul_rn``; NaN /
+    inf stay, for ``pq_quant_kernel``'s test against ``SAFE``) and ``prep[row, i, c, :]``
+    (bf16 ``[rows, 3, K, d_s]``) the three-term bf16 split of its first ``d_s``
+    coordinates: ``c = c1 + c2 + c3`` exactly where finite (24 mantissa bits, f32's
+    exponent range)."""
+    cb = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    d_c = d_s + metric_ip
+    offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = offs_c < K
+    cn = tl.zeros([BLOCK_C], tl.float32)
+    for d0 in range(0, d_c, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        c = tl.load(cent_ptr + row * K * d_c + offs_c[:, None] * d_c + offs_d[None, :],
+                    mask=cmask[:, None] & (offs_d < d_c)[None, :], other=0.0)
+        cn += tl.sum(_mul_rn(c, c), axis=1)
+        c1 = c.to(tl.bfloat16)
+        r1 = c - c1.to(tl.float32)
+        c2 = r1.to(tl.bfloat16)
+        c3 = (r1 - c2.to(tl.float32)).to(tl.bfloat16)
+        pm = cmask[:, None] & (offs_d < d_s)[None, :]
+        pb = prep_ptr + (row * 3 * K + offs_c[:, None]) * d_s + offs_d[None, :]
+        tl.store(pb, c1, mask=pm)
+        tl.store(pb + K * d_s, c2, mask=pm)
+        tl.store(pb + 2 * K * d_s, c3, mask=pm)
+    tl.store(cn_ptr + row * K + offs_c, cn, mask=cmask)
+
+
+@triton.jit
+def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, prep_ptr, cn_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0,
+                    t0, n_new, cap, metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
                     SPLIT16: tl.constexpr):
-    """See the module docstring. Grid ``(cdiv(n_new, BLOCK_N), B*H_kv*M)``."""
+    """See the module docstring. Grid ``(P, B*H_kv*M)``, any ``P >= 1``: CTA ``(i, row)``
+    takes the key tiles ``i, i + P, ..`` of ``cdiv(n_new, BLOCK_N)``."""
     tl.static_assert(SPLIT16 == 0 or k_ptr.dtype.element_ty == tl.bfloat16, "SPLIT16: bf16 keys only")
-    tile = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)  # (b*H_kv + g)*M + m
     m = row % M
     bg = row // M
     b = bg // H_kv
     g = bg % H_kv
     d_c = d_s + metric_ip
+    cbase = row * K * d_c
+    pbase = row * 3 * K * d_s
+    phi = tl.load(phi_ptr + row * metric_ip)  # euclidean: phi_ptr[0], unused
+    ntiles = tl.cdiv(n_new, BLOCK_N)
+    any_bad = 0
+    for tile in range(tl.program_id(0), ntiles, tl.num_programs(0)):
+        bad = _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
+                          d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D, SPLIT16)
+        any_bad = tl.maximum(any_bad, bad)
+    # the keys the expanded form cannot answer (none on finite data of sane size): one by
+    # one, direct differences, each code stored again after a barrier (so the later store
+    # is the one that stays); outside the tile loop, which stays lean
+    if any_bad != 0:
+        tl.debug_barrier()
+        cbad = 0
+        for cb in range(0, K, BLOCK_C):
+            offs_c = cb + tl.arange(0, BLOCK_C)
+            cn = tl.load(cn_ptr + row * K + offs_c, mask=offs_c < K, other=0.0)
+            cbad = tl.maximum(cbad, tl.max(((offs_c < K) & ~(cn < SAFE)).to(tl.int32), axis=0))
+        code_row = codes_ptr + row * cap + t0
+        for tile in range(tl.program_id(0), ntiles, tl.num_programs(0)):
+            for i in range(0, BLOCK_N):
+                ti = tile * BLOCK_N + i
+                if ti < n_new:
+                    kb = b * k_sb + g * k_sh + (pos0 + ti).to(tl.int64) * k_ss + m * d_s
+                    # this key's test again (its rounding may differ from the tile's at
+                    # the edge; either answer is then a finite key's code)
+                    offs_d = tl.arange(0, BLOCK_D)
+                    xs = tl.zeros([BLOCK_D], tl.float32)
+                    for d0 in range(0, d_s, BLOCK_D):
+                        xv = tl.load(k_ptr + kb + d0 + offs_d, mask=d0 + offs_d < d_s, other=0.0).to(tl.float32)
+                        xs += _mul_rn(xv, xv)
+                    bad_i = ~(tl.sum(xs, axis=0) < SAFE) | (cbad != 0)
+                    if metric_ip != 0:
+                        bad_i = bad_i | ~(phi < SAFE)
+                    if bad_i:
+                        ci = _nearest(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
+                        tl.store(code_row + ti, ci.to(tl.uint8))
+
+
+@triton.jit
+def _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss, K, d_s, d_c, cbase,
+                pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                BLOCK_D: tl.constexpr, SPLIT16: tl.constexpr):
+    """Key tile ``tile`` of ``pq_quant_kernel``'s row ``row``: codes ``t0 + t`` for keys
+    ``t = tile*BLOCK_N ..`` (``< n_new``) at positions ``pos0 + t`` by the expanded form.
+    Returns 1 where a key of the tile needs the direct form (see the module docstring),
+    else 0."""
     t = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     tmask = t < n_new
     kbase = b * k_sb + g * k_sh + (pos0 + t).to(tl.int64) * k_ss + m * d_s  # [BLOCK_N]
-    cbase = row * K * d_c
-    phi = tl.load(phi_ptr + row * metric_ip)  # euclidean: phi_ptr[0], unused
     best_d = tl.full([BLOCK_N], float("inf"), tl.float32)
     best_c = tl.zeros([BLOCK_N], tl.int32)
     xx = tl.zeros([BLOCK_N], tl.float32)
@@ -83,7 +169,6 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
         offs_c = cb + tl.arange(0, BLOCK_C)
         cmask = offs_c < K
         acc = tl.zeros([BLOCK_N, BLOCK_C], tl.float32)
-        cn = tl.zeros([BLOCK_C], tl.float32)
         xx = tl.zeros([BLOCK_N], tl.float32)
         for d0 in range(0, d_s, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
@@ -91,28 +176,24 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
             xk = tl.load(k_ptr + kbase[:, None] + offs_d[None, :], mask=tmask[:, None] & dmask[None, :],
                          other=0.0)
             x = xk.to(tl.float32)
-            # centroids transposed: [BLOCK_D, BLOCK_C]
-            ct = tl.load(cent_ptr + cbase + offs_c[None, :] * d_c + offs_d[:, None],
-                         mask=dmask[:, None] & cmask[None, :], other=0.0)
+            cm = dmask[:, None] & cmask[None, :]
             if SPLIT16:
-                # bf16 keys are exact in bf16: ct = c1 + c2 + c3 in bf16 (24 mantissa bits,
-                # f32's exponent range), three exact bf16 products, f32 accumulation
-                c1 = ct.to(tl.bfloat16)
-                r1 = ct - c1.to(tl.float32)
-                c2 = r1.to(tl.bfloat16)
-                c3 = (r1 - c2.to(tl.float32)).to(tl.bfloat16)
-                acc = tl.dot(xk, c1, acc)
-                acc = tl.dot(xk, c2, acc)
-                acc = tl.dot(xk, c3, acc)
+                # bf16 keys are exact in bf16: three exact bf16 products against the
+                # centroids' split (pq_cprep_kernel, [BLOCK_D, BLOCK_C] each), f32 sums
+                pb = prep_ptr + pbase + offs_c[None, :] * d_s + offs_d[:, None]
+                acc = tl.dot(xk, tl.load(pb, mask=cm, other=0.0), acc)
+                acc = tl.dot(xk, tl.load(pb + K * d_s, mask=cm, other=0.0), acc)
+                acc = tl.dot(xk, tl.load(pb + 2 * K * d_s, mask=cm, other=0.0), acc)
             else:
+                # centroids transposed: [BLOCK_D, BLOCK_C]
+                ct = tl.load(cent_ptr + cbase + offs_c[None, :] * d_c + offs_d[:, None], mask=cm, other=0.0)
                 acc = tl.dot(x, ct, acc, input_precision="tf32x3")
             xx += tl.sum(_mul_rn(x, x), axis=1)
-            cn += tl.sum(_mul_rn(ct, ct), axis=0)
+        cn = tl.load(cn_ptr + row * K + offs_c, mask=cmask, other=0.0)
         if metric_ip != 0:
             aug = tl.sqrt(tl.maximum(phi - xx, 0.0))
             cl = tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
             acc += aug[:, None] * cl[None, :]
-            cn += _mul_rn(cl, cl)
         cbad = tl.maximum(cbad, tl.max((cmask & ~(cn < SAFE)).to(tl.int32), axis=0))
         dist = cn[None, :] - 2.0 * acc
         dist = tl.where(cmask[None, :], dist, float("inf"))
@@ -124,31 +205,8 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv,
     bad = ~(xx < SAFE) | (cbad != 0)
     if metric_ip != 0:
         bad = bad | ~(phi < SAFE)
-    code_row = codes_ptr + row * cap + t0
-    tl.store(code_row + t, best_c.to(tl.uint8), mask=tmask)
-    # the keys the expanded form cannot answer: one by one, direct differences, each
-    # code stored again after a barrier (so the later store is the one that stays)
-    if tl.max((tmask & bad).to(tl.int32), axis=0) != 0:
-        tl.debug_barrier()
-        for i in range(0, BLOCK_N):
-            ti = tile * BLOCK_N + i
-            if ti < n_new:
-                kb = b * k_sb + g * k_sh + (pos0 + ti).to(tl.int64) * k_ss + m * d_s
-                # this key's test again (its rounding may differ from the tile's at the
-                # edge; either answer is then a finite key's code)
-                offs_d = tl.arange(0, BLOCK_D)
-                xs = tl.zeros([BLOCK_D], tl.float32)
-                for d0 in range(0, d_s, BLOCK_D):
-                    xv = tl.load(k_ptr + kb + d0 + offs_d, mask=d0 + offs_d < d_s, other=0.0).to(tl.float32)
-                    xs += _mul_rn(xv, xv)
-                bad_i = ~(tl.sum(xs, axis=0) < SAFE) | (cbad != 0)
-                if metric_ip != 0:
-                    bad_i = bad_i | ~(phi < SAFE)
-                if bad_i:
-                    ci = _nearest(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
-                    tl.store(code_row + ti, ci.to(tl.uint8))
-
-
+    tl.store(codes_ptr + row * cap + t0 + t, best_c.to(tl.uint8), mask=tmask)
+    return tl.max((tmask & bad).to(tl.int32), axis=0)
 
 
 # ----------------------------------------------------------------------------------
@@ -164,7 +222,7 @@ def _args(qt, aligned):
     """The launch arguments; ``aligned``: the key pointer (16 bytes), the key strides and
     ``d_s`` (16 elements) declared divisible by 16, so key tiles load as vectors."""
     return (ptr("k_ptr", qt, aligned), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-            ptr("codes_ptr", "u8"), i64("k_sb", div16=aligned), i64("k_sh", div16=aligned),
+            ptr("prep_ptr", "bf16"), ptr("cn_ptr", "fp32"), ptr("codes_ptr", "u8"), i64("k_sb", div16=aligned), i64("k_sh", div16=aligned),
             i64("k_ss", div16=aligned), i32("H_kv"), i32("M"), i32("K"), i32("d_s", div16=aligned), i32("pos0"),
             i32("t0"), i32("n_new"), i32("cap", div16=True), i32("metric_ip"))
 
@@ -181,7 +239,12 @@ def _sm90(qt, aligned):
             Variant.make(tf32, 8, 1))
 
 
-KERNELS = []
+KERNELS = [
+    Kernel(name="pq_cprep", fn=pq_cprep_kernel,
+           args=(ptr("cent_ptr", "fp32"), ptr("prep_ptr", "bf16"), ptr("cn_ptr", "fp32"), i32("K"), i32("d_s"),
+                 i32("metric_ip")),
+           fixed={"BLOCK_C": 64, "BLOCK_D": 32}, variants={80: single({}, 4, 1), 90: single({}, 4, 1)}),
+]
 for _qt in DTYPES:
     for _al in (False, True):
         KERNELS.append(

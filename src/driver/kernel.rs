@@ -263,6 +263,37 @@ impl Kernel {
         .map_err(|e| refuse(format!("setting the shared memory carveout: {e}")))
     }
 
+    /// CTAs of this kernel that fit on one SM at once (registers, shared memory, warps),
+    /// as the driver's occupancy calculator gives it for the variant's block
+    /// (`32 x num_warps` threads) and dynamic shared memory; at least 1.
+    ///
+    /// Errors: [`Error::Launch`] when the driver refuses the query.
+    pub fn max_ctas_per_sm(&self) -> Result<u32> {
+        let refuse = |msg: String| Error::Launch {
+            kernel: self.variant.id.clone(),
+            msg,
+        };
+        self.device
+            .context()
+            .bind_to_thread()
+            .map_err(|e| refuse(format!("binding the context: {e}")))?;
+        let mut n: std::ffi::c_int = 0;
+        let threads = (32 * self.variant.num_warps) as std::ffi::c_int;
+        // SAFETY: `func` is a live function handle of this kernel's loaded module; `n` is
+        // a valid out-pointer for the call's duration.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                self.func,
+                threads,
+                self.variant.shared as usize,
+            )
+        }
+        .result()
+        .map_err(|e| refuse(format!("querying the occupancy: {e}")))?;
+        Ok(n.max(1) as u32)
+    }
+
     /// The device it is loaded on.
     pub fn device(&self) -> &Arc<Device> {
         &self.device

@@ -147,20 +147,24 @@ pub(crate) fn vector_loads_allowed(addr: u64, strides: [i64; 3], d_s: usize) -> 
     addr.is_multiple_of(16) && strides.iter().all(|s| s % 16 == 0) && d_s.is_multiple_of(16)
 }
 
-/// A `pq_quant` kernel and the keys each of its CTAs takes (its variant's `BLOCK_N`).
+/// A `pq_quant` kernel, the keys of each of its tiles (its variant's `BLOCK_N`) and how
+/// many of its CTAs an SM holds at once (the grid is sized to one round of them).
 #[derive(Clone)]
 pub(crate) struct QuantKernel {
     pub kernel: Arc<Kernel>,
     pub block: usize,
+    pub ctas_per_sm: usize,
 }
 
 impl QuantKernel {
-    /// `kernel` with its `BLOCK_N`.
+    /// `kernel` with its `BLOCK_N` and occupancy.
     ///
-    /// Errors: [`Error::Invalid`] where the variant has no integer `BLOCK_N`.
+    /// Errors: [`Error::Invalid`] where the variant has no integer `BLOCK_N`; the
+    /// driver's, querying the occupancy.
     fn new(kernel: Arc<Kernel>) -> Result<Self> {
         Ok(Self {
             block: constexpr_usize(&kernel, "BLOCK_N")?,
+            ctas_per_sm: kernel.max_ctas_per_sm()? as usize,
             kernel,
         })
     }
@@ -238,6 +242,9 @@ pub(crate) struct Kernels {
     /// `pq_quant.a16.k_<qt>`: the same for keys whose address (16 bytes), strides and
     /// `d_s` (16 elements) are multiples of 16 (vector loads); where built.
     pub quant_a16: Option<QuantKernel>,
+    /// `pq_cprep`: the centroids' norms and bf16 split that `pq_quant` reads, made once
+    /// per indexer ([`crate::pq::state::DeviceState::new`]).
+    pub cprep: Arc<Kernel>,
     pub import: Arc<Kernel>,
     pub export: Arc<Kernel>,
     /// The ragged step's kernels, where built (an older kernel cache has none: ragged
@@ -430,6 +437,7 @@ impl Kernels {
             _ => None, // an older kernel cache: ragged steps are refused, naming them
         };
         let short = ld.load(&format!("pq_short.w_{wt}"))?;
+        let cprep = ld.load("pq_cprep")?;
         let import = ld.load("pq_codes_import")?;
         let export = ld.load("pq_codes_export")?;
         let choices = ld.finish()?;
@@ -443,6 +451,7 @@ impl Kernels {
             short,
             quant,
             quant_a16,
+            cprep,
             import,
             export,
             choices,
@@ -485,7 +494,11 @@ impl Kernels {
 
     /// Every kernel variant the indexer launches (for reports).
     pub fn all(&self) -> Vec<Arc<Kernel>> {
-        let mut v = vec![self.short.clone(), self.quant.kernel.clone()];
+        let mut v = vec![
+            self.short.clone(),
+            self.quant.kernel.clone(),
+            self.cprep.clone(),
+        ];
         v.extend(self.select.as_ref().map(|s| s.kernel.clone()));
         v.extend(self.quant_a16.as_ref().map(|q| q.kernel.clone()));
         v.extend(self.hist.clone());

@@ -414,9 +414,12 @@ impl StepLaunches<'_> {
         Ok(launches)
     }
 
-    /// `pq_quant` over the new keys `n_old .. n` (`n > n_old`): grid
-    /// `(cdiv(n - n_old, BLOCK_N), B*H_kv*M)`, codes `n_old .. n` of every KV head; the
-    /// vector-load kernel where the key layout allows ([`Kernels::quant_for`]).
+    /// `pq_quant` over the new keys `n_old .. n` (`n > n_old`): grid `(P, B*H_kv*M)`,
+    /// codes `n_old .. n` of every KV head, each CTA looping over every `P`-th tile of
+    /// `BLOCK_N` keys, `P = min(cdiv(n - n_old, BLOCK_N), max(1, floor(SMs x CTAs per SM
+    /// / (B*H_kv*M))))`: every CTA resident at once, so no CTA's tiles wait for a second
+    /// round; the vector-load kernel where the key layout allows
+    /// ([`Kernels::quant_for`]).
     ///
     /// Errors: an argument beyond its kernel's type, a grid row count beyond 65535.
     fn quant(&self, key: &DeviceTensorRef, n_old: usize, n: usize) -> Result<Launch> {
@@ -432,6 +435,8 @@ impl StepLaunches<'_> {
                 ("k_ptr", KernelArg::Buf(key.buf)),
                 ("cent_ptr", KernelArg::Buf(state.centroids_buf)),
                 ("phi_ptr", KernelArg::Buf(state.phi_buf)),
+                ("prep_ptr", KernelArg::Buf(state.cprep_buf())),
+                ("cn_ptr", KernelArg::Buf(state.cnorm.buf())),
                 ("codes_ptr", KernelArg::Buf(state.codes.buf())),
                 ("k_sb", KernelArg::I64(key.strides[0])),
                 ("k_sh", KernelArg::I64(key.strides[1])),
@@ -463,10 +468,13 @@ impl StepLaunches<'_> {
         // pos0 + t, t < n_new (masked), i.e. init_offset + n_old .. s; codes hold
         // cap >= n keys per (b, g, m) row (grow_codes), written at t0 + t < n;
         // centroids/phi were uploaded with the validated sizes, each grid row reading
-        // its own (b, g, m) block of K x d_c and phi[row] under ip.
+        // its own (b, g, m) block of K x d_c and phi[row] under ip, and of prep / cn
+        // (sized rows x 3 x K x d_s and rows x K by DeviceState::new) its own row's.
+        let tiles = (n - n_old).div_ceil(q.block);
+        let per_row = (self.sm_count.max(1) as usize * q.ctas_per_sm / rows).max(1);
         Ok(Launch {
             kernel: k.clone(),
-            grid: [(n - n_old).div_ceil(q.block) as u32, rows as u32, 1],
+            grid: [tiles.min(per_row).max(1) as u32, rows as u32, 1],
             args,
         })
     }

@@ -21,8 +21,9 @@ pub const SHIPPED_SELECT_CHUNK: usize = 8192;
 /// allocations (a buffer that grew holds its grown size), in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct StateBytes {
-    /// Centroids `f32 [B, H_kv, M, K, d_c]` and phi `f32 [B*H_kv*M]` (one f32 for
-    /// euclidean).
+    /// Centroids `f32 [B, H_kv, M, K, d_c]`, phi `f32 [B*H_kv*M]` (one f32 for
+    /// euclidean), and what `pq_quant` reads of the centroids: their bf16 split `[B*H_kv*M,
+    /// 3, K, d_s]` and squared norms `f32 [B*H_kv*M, K]`.
     pub codebook: usize,
     /// Codes `u8 [B, H_kv, M, cap]` (and the import's bad-code counter, 4 bytes).
     pub codes: usize,
@@ -133,7 +134,12 @@ pub fn state_bytes_for(
         crate::pq::Metric::Euclidean => 1,
     };
     let mut b = StateBytes {
-        codebook: shape.b * shape.h_kv * m * k * cfg.d_c(shape.d) * 4 + phi * 4,
+        codebook: shape.b
+            * shape.h_kv
+            * m
+            * k
+            * (cfg.d_c(shape.d) * 4 + 3 * cfg.d_sub(shape.d) * 2 + 4)
+            + phi * 4,
         codes: 4,
         select: n_of(rows, 4),
         outputs: n_of(rows, 8),

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use crate::abi::KernelArg;
 use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
-use crate::pq::config::{PqConfig, Shape};
+use crate::pq::config::{Metric, PqConfig, Shape};
 use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS, RANGE_BINS};
 use crate::pq::launch::{i32_arg, ArgOrder};
 use crate::pq::memory::StateBytes;
@@ -42,6 +42,12 @@ pub(crate) struct DeviceState {
     pub centroids_buf: DeviceBuf,
     /// phi as a kernel argument.
     pub phi_buf: DeviceBuf,
+    /// What `pq_quant` reads of the constant centroids, written once by `pq_cprep` in
+    /// [`DeviceState::new`]: their three-term bf16 split `bf16 [B*H_kv*M, 3, K, d_s]`
+    /// (read by the bf16-key builds) ...
+    pub cprep: DevBuf<u16>,
+    /// ... and their squared norms `f32 [B*H_kv*M, K]` over `d_c`.
+    pub cnorm: DevBuf<f32>,
     /// `u8 [B, H_kv, M, cap]`: one byte per (key, subvector).
     pub codes: DevBuf<u8>,
     /// Code capacity per (batch, KV head, subvector), in keys: grows x2, multiple of 16.
@@ -135,6 +141,8 @@ impl DeviceState {
             shape,
             _centroids: centroids,
             _phi: phi,
+            cprep: DevBuf::new(),
+            cnorm: DevBuf::new(),
             codes: DevBuf::new(),
             cap: 0,
             n_cached: 0,
@@ -196,6 +204,7 @@ impl DeviceState {
             me.rqd.ensure(&st, parts)?;
             me.rqc.ensure(&st, parts)?;
         }
+        me.prepare_centroids(kernels)?;
         // the indexed path's buffers come with its first step (ensure_buffers)
         Ok(me)
     }
@@ -264,6 +273,42 @@ impl DeviceState {
         self.codes = codes;
         self.cap = cap;
         self.n_cached = n;
+    }
+
+    /// Allocate `cprep` / `cnorm` and launch `pq_cprep` over the centroids (on the
+    /// stream, before any step).
+    ///
+    /// Errors: driver errors, an argument beyond its kernel's type.
+    fn prepare_centroids(&mut self, kernels: &Kernels) -> Result<()> {
+        let (m, k) = (self.cfg.m(), self.cfg.k_centroids());
+        let d_s = self.cfg.d_sub(self.shape.d);
+        let rows = self.shape.b * self.shape.h_kv * m;
+        let st = self.stream.clone();
+        self.cprep.ensure(&st, rows * 3 * k * d_s)?;
+        self.cnorm.ensure(&st, rows * k)?;
+        let kc = &kernels.cprep;
+        let block = constexpr_usize(kc, "BLOCK_C")?;
+        let named = [
+            ("cent_ptr", KernelArg::Buf(self.centroids_buf)),
+            ("prep_ptr", KernelArg::Buf(self.cprep_buf())),
+            ("cn_ptr", KernelArg::Buf(self.cnorm.buf())),
+            ("K", i32_arg("K", k)?),
+            ("d_s", i32_arg("d_s", d_s)?),
+            (
+                "metric_ip",
+                KernelArg::I32(i32::from(self.cfg.metric == Metric::Ip)),
+            ),
+        ];
+        let args = ArgOrder::default().args(kc, &named, false)?;
+        // Bounds: the kernel reads centroids row x K x d_c .. (rows x K x d_c, uploaded
+        // with that size) and writes cn[row, c < K] (rows x K) and prep[row, 0..3, c < K,
+        // d < d_s] (rows x 3 x K x d_s, just sized); grid rows = B*H_kv*M.
+        kc.launch(&st, [k.div_ceil(block) as u32, rows as u32, 1], &args)
+    }
+
+    /// `cprep` as a bf16 kernel argument.
+    pub fn cprep_buf(&self) -> DeviceBuf {
+        self.cprep.buf().as_dtype(crate::artifact::Dtype::Bf16)
     }
 
     /// export (u8 state -> i64 upstream) when `export`, else import.
@@ -460,7 +505,9 @@ impl DeviceState {
             d.len() * std::mem::size_of::<T>()
         }
         StateBytes {
-            codebook: (self._centroids.len() + self._phi.len()) * 4,
+            codebook: (self._centroids.len() + self._phi.len()) * 4
+                + b(&self.cprep)
+                + b(&self.cnorm),
             codes: b(&self.codes) + b(&self.bad_codes),
             select: b(&self.lut) + b(&self.stage) + b(&self.cand) + b(&self.count),
             hist: b(&self.hist)
