@@ -21,8 +21,6 @@ Kernels (launch contract: README.md in this directory):
        candidates into the final top-k, adds sink and window, writes ``sparse_list``
        (ascending), ``sparse_len`` and the ones of ``weight_list``, and resets the counter.
 * ``pq_short_kernel``: the short-sequence answer (``S <= heavy + init_offset + 1 + K``).
-* ``pq_quantize_kernel``: bulk quantization of many new keys (prefill / catch-up); the
-  select kernel quantizes a few new keys per step itself.
 * ``pq_codes_import_kernel`` / ``pq_codes_export_kernel``: upstream int64
   ``[B, N, H_kv, M]`` codes <-> the u8 ``[B, H_kv, M, cap]`` state, on the device.
 """
@@ -462,24 +460,6 @@ def pq_short_kernel(sl_ptr, len_ptr, w_ptr, S, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def pq_quantize_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0, t0, cap,
-                       metric_ip, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr):
-    """codes[b, g, m, t0 + t] = nearest centroid of key (b, g, pos0 + t), subvector m.
-    Grid: (n_new, B*H_kv)."""
-    t = tl.program_id(0).to(tl.int64)
-    bg = tl.program_id(1).to(tl.int64)
-    b = bg // H_kv
-    g = bg % H_kv
-    d_c = d_s + metric_ip
-    krow = b * k_sb + g * k_sh + (pos0 + t) * k_ss
-    for m in range(M):
-        cbase = ((bg * M + m) * K) * d_c
-        phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
-        ct = _nearest(k_ptr, krow + m * d_s, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_DS)
-        tl.store(codes_ptr + (bg * M + m) * cap + t0 + t, ct.to(tl.uint8))
-
-
-@triton.jit
 def pq_codes_import_kernel(src_ptr, dst_ptr, bad_ptr, N, H_kv, M, K, cap, BLOCK: tl.constexpr):
     """dst u8 [B, H_kv, M, cap][b, g, m, j] = src i64 [B, N, H_kv, M][b, j, g, m] for j < N;
     a code outside ``0..K`` is counted in ``bad_ptr`` (i32, added to: the host zeroes it
@@ -567,14 +547,6 @@ for _wt in DTYPES:
         Kernel(name=f"pq_short.w_{_wt}", fn=pq_short_kernel,
                args=(ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"), ptr("w_ptr", _wt, False), i32("S")),
                variants={80: single({"BLOCK": 1024}, 4, 1), 90: single({"BLOCK": 1024}, 4, 1)}))
-for _qt in DTYPES:
-    KERNELS.append(
-        Kernel(name=f"pq_quantize.k_{_qt}", fn=pq_quantize_kernel,
-               args=(ptr("k_ptr", _qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-                     ptr("codes_ptr", "u8"), i64("k_sb"), i64("k_sh"), i64("k_ss"), i32("H_kv"), i32("M"),
-                     i32("K"), i32("d_s"), i32("pos0"), i32("t0"), i32("cap", div16=True), i32("metric_ip")),
-               fixed={"BLOCK_C": 64, "BLOCK_DS": 32},
-               variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
 KERNELS.append(
     Kernel(name="pq_codes_import", fn=pq_codes_import_kernel,
            args=(ptr("src_ptr", "i64"), ptr("dst_ptr", "u8"), ptr("bad_ptr", "i32"), i32("N"), i32("H_kv"),

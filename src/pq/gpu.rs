@@ -11,7 +11,7 @@
 //!
 //! One step (launch contract: `kernels_triton/README.md`):
 //! - short sequence (`S <= heavy + init_offset + 1 + K`): `pq_short.w_<wt>`;
-//! - otherwise, when many keys are new (catch-up), `pq_quantize.k_<qt>` first; then
+//! - otherwise, when more than one key is new, `pq_quant[.a16].k_<qt>` first; then
 //!   `pq_select.h<K_PAD>.q_<qt>.w_<wt>`: quantize the few new keys, score every quantized
 //!   key through a per-head lookup table, mask the window, top-k per chunk, and (last CTA
 //!   of each row) merge, assemble sink + heavy + window, sort, write all outputs;
