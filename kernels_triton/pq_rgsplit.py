@@ -273,6 +273,12 @@ DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows loaded per key, M <= MP (the combination histogram takes M <= 4)
 RGTHRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")}
 RGSEMIT_FIXED = {"QB": 64}
+#: registers per thread at most for ``pq_rgthresh.r128`` (8 warps): two CTAs an SM instead
+#: of one at the compiler's ~190, for batches of more rows than one CTA an SM holds at once
+#: (ragged decode loop of 256 rows, H100: 75.5 -> 67.4 us a step); with fewer rows its
+#: spills only cost (B=1..4, H=32: +1.5-4 us), so the runtime takes it only there
+#: (NOTES.md, "the ragged threshold at 128 registers")
+RGTHRESH_MAXNREG = 128
 #: keys per emit CTA: pq_emit's default (NOTES.md, "the histogram path split in two launches")
 RGSEMIT_TILE = 4096
 
@@ -308,9 +314,12 @@ def _emit_args(wt):
 KERNELS = []
 for _mp in MPS:
     for _qt in DTYPES:
-        KERNELS.append(
-            Kernel(name=f"pq_rgthresh.m{_mp}.q_{_qt}", fn=pq_rgthresh_kernel, args=_thresh_args(_qt),
-                   fixed=dict(RGTHRESH_FIXED, MP=_mp), variants={80: single({}, 8, 1), 90: single({}, 8, 1)}))
+        for _r128 in (False, True):
+            KERNELS.append(
+                Kernel(name=f"pq_rgthresh{'.r128' if _r128 else ''}.m{_mp}.q_{_qt}", fn=pq_rgthresh_kernel,
+                       args=_thresh_args(_qt), fixed=dict(RGTHRESH_FIXED, MP=_mp),
+                       variants={80: single({}, 8, 1), 90: single({}, 8, 1)},
+                       maxnreg=RGTHRESH_MAXNREG if _r128 else 0))
     for _wt in DTYPES:
         KERNELS.append(
             Kernel(name=f"pq_rgsemit.m{_mp}.w_{_wt}", fn=pq_rgsemit_kernel, args=_emit_args(_wt),

@@ -7,7 +7,7 @@
 //! inputs); lengths 1, `K`, the short threshold and `S_alloc` beside long rows; per-row
 //! `N_cached` and multi-token rows; ratio sizes and 16-bit weights; a decode loop replayed
 //! from one captured graph whose lengths change in a device buffer, rows over many emit
-//! parts; rows whose counts are lowered mid-loop (the histogram reset on the device) and
+//! parts; more rows than one round of threshold CTAs; rows whose counts are lowered mid-loop (the histogram reset on the device) and
 //! whose lengths shrink; refusals naming the row. Skips with a visible message without a
 //! GPU.
 
@@ -377,6 +377,50 @@ fn graph_replay_with_lengths_in_a_device_buffer() {
     assert!(ix.check_ragged_errors().is_ok(), "the record is cleared");
     // the other rows' counts did not move backwards; row 2's stayed
     assert_eq!(ix.row_n_cached().unwrap(), prev_nc);
+}
+
+/// More rows than one round of the threshold's default CTAs (34 x 8 = 272 rows: on GPUs of
+/// up to 272 SMs the step takes `pq_rgthresh.r128`, two CTAs an SM): mixed lengths, short
+/// rows among them, a graph-replayed loop of three steps, each against the CPU reference.
+#[test]
+fn more_rows_than_one_round_of_threshold_ctas() {
+    let Some(rt) = runtime() else { return };
+    let c = cfg();
+    let b = 34;
+    let starts: Vec<usize> = (0..b)
+        .map(|r| [1700, 40, 900, 1200, 300][r % 5] + 7 * r)
+        .collect();
+    let steps = 3;
+    let s_alloc = starts.iter().max().unwrap() + steps + 8;
+    let sh = shape(b, s_alloc);
+    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
+    let n_max = *ncs.iter().max().unwrap();
+    let x0 = PqInputs::random(&c, sh, n_max, seed()).expect("inputs");
+    let rx0 = ragged(&c, x0.clone(), &starts, &ncs);
+    let (mut ix, dev) = setup(&rt, &c, &rx0);
+    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
+    let stream = ix.stream().clone();
+    let mut dlens = stream.alloc_zeros::<i64>(b).expect("lens buffer");
+    let mut prev_codes = (x0.codes.clone(), n_max);
+    let mut prev_nc = ncs.clone();
+    for i in 0..steps {
+        let lens: Vec<usize> = starts.iter().map(|&s| s + i).collect();
+        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
+        ix.poison_outputs().expect("poison");
+        ix.step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+            .expect("step");
+        let out = ix.download_ragged().expect("download");
+        check_loop_step(
+            &c,
+            &x0,
+            &lens,
+            &mut prev_codes,
+            &mut prev_nc,
+            &out,
+            &format!("step {i}"),
+        );
+    }
 }
 
 /// The split path's persistent state across a graph-replayed decode loop, outputs

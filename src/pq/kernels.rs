@@ -201,10 +201,29 @@ pub(crate) struct RaggedKernels {
 pub(crate) struct RaggedSplitKernels {
     /// `pq_rgthresh.m<MP>.q_<qt>`: each row's histogram moved, its threshold, grid `(B*H,)`.
     pub thresh: Arc<Kernel>,
+    /// `pq_rgthresh.r128.m<MP>.q_<qt>`: the same kernel held to 128 registers a thread (two
+    /// CTAs an SM), where built; taken for more rows than one round of `thresh` holds
+    /// ([`RaggedSplitKernels::thresh_for`]).
+    pub thresh_r128: Option<Arc<Kernel>>,
+    /// How many `thresh` CTAs an SM holds at once (the driver's occupancy).
+    pub thresh_ctas_per_sm: usize,
     /// `pq_rgsemit.m<MP>.w_<wt>`: each row's emit over its parts, grid `(B*H*NP,)`.
     pub emit: Arc<Kernel>,
     /// The emit variant's `TILE` (keys per part).
     pub tile: usize,
+}
+
+impl RaggedSplitKernels {
+    /// The threshold kernel for `rows` rows on `sm_count` SMs: `thresh_r128` where the rows
+    /// need more than one round of `thresh` CTAs and it is built (its spills cost more
+    /// than they save within one round: NOTES.md, "the ragged threshold at 128
+    /// registers"), else `thresh`.
+    pub fn thresh_for(&self, rows: usize, sm_count: u32) -> &Arc<Kernel> {
+        match &self.thresh_r128 {
+            Some(k) if rows > sm_count as usize * self.thresh_ctas_per_sm.max(1) => k,
+            _ => &self.thresh,
+        }
+    }
 }
 
 /// The chunked select kernel and the sizes its launches use.
@@ -417,6 +436,8 @@ impl Kernels {
                 let split = match (thresh, emit) {
                     (Some(thresh), Some(emit)) => Some(RaggedSplitKernels {
                         tile: constexpr_usize(&emit, "TILE")?,
+                        thresh_r128: ld.load_optional(&format!("pq_rgthresh.r128.m{mp}.q_{qt}"))?,
+                        thresh_ctas_per_sm: thresh.max_ctas_per_sm()? as usize,
                         thresh,
                         emit,
                     }),

@@ -297,7 +297,7 @@ pub enum StepKind {
         /// Emit CTAs per row: `cdiv(n, TILE)`.
         parts: usize,
     },
-    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64))`), [`RANGE_ROUNDS`] launches of `pq_rround`
+    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64))`), `RANGE_ROUNDS` launches of `pq_rround`
     /// (grid `(level_parts, B*H)`), then `pq_emit` (grid `B*H x parts`): the split path with its
     /// threshold found by a radix select over the keys' scores (any `K^M`).
     Range {

@@ -14,7 +14,9 @@
 //! - `pq_rgthresh.m<MP>.q_<qt>`, grid `(B*H,)`: each long row's persistent combination
 //!   histogram (`hist` / `histn`, shared with the fixed-`S` histogram paths; reset on the
 //!   device where the row's count was lowered below what it counts) moved to its
-//!   candidates, its lookup table and threshold; every row's stale-weight range;
+//!   candidates, its lookup table and threshold; every row's stale-weight range (its
+//!   128-register build `pq_rgthresh.r128` where the rows need more than one round of the
+//!   other, [`crate::pq::kernels`]'s `RaggedSplitKernels::thresh_for`);
 //! - `pq_rgsemit.m<MP>.w_<wt>`, grid `(B*H*NP,)`, `NP` = [`ragged_split_parts`]: each
 //!   row's parts rank and write their slices (the earlier parts' counts through flag
 //!   words), short rows list every position; every CTA zeroes its share of the row's
@@ -861,12 +863,13 @@ impl GpuIndexer {
         // read by pq_rgsemit (the next launch), whose CTAs take tickets < B*H x NP, wait
         // only on earlier parts of their own row (lower tickets, running or done), and
         // write disjoint ranges.
+        let thresh = sp.thresh_for(rows, self.facts.sm_count);
         Ok(vec![
             self.rgq_launch(&named)?,
             Launch {
-                kernel: sp.thresh.clone(),
+                kernel: thresh.clone(),
                 grid: [rows32, 1, 1],
-                args: self.arg_order.args(&sp.thresh, &named, true)?,
+                args: self.arg_order.args(thresh, &named, true)?,
             },
             Launch {
                 kernel: sp.emit.clone(),
