@@ -40,8 +40,8 @@ over its share ``[c*PW, (c+1)*PW)``, ``PW = cdiv(T, NP)``, of the ranks ``total_
 of ``sparse_list`` (row stride ``T``). Then the row's own parts, ``c < NP_b = max(1,
 cdiv(S_b - init_offset, TILE))`` (a CTA past them is done):
 
-- a long row: ``pq_split``'s part emit at ``S_b`` (``_rg_emit_part``: keys ``j =
-  c*TILE ..`` scored from the table, classified by the bounds, counts published in the
+- a long row: ``pq_split``'s part emit at ``S_b`` (``_emit_part``: keys ``j = c*TILE ..``
+  scored from the table, classified by the bounds, counts published in the
   part's flag word, the earlier parts' counts added up (spinning on each), ranked and
   written; usual rows and any other row placed as ``pq_emit`` places them), weights in
   rows of stride ``S_alloc``; part 0 also ``sparse_len`` and, at the first head
@@ -62,85 +62,9 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, i32, i64, ptr, single
-from pq_hist import FIXED as HIST_FIXED, _popc, _row_ids, _row_threshold, _store_heavy, _take_masks
+from pq_hist import FIXED as HIST_FIXED, _row_ids, _row_threshold
 from pq_ragged import _rg_row, f64
-from pq_split import READY, _low_bits, _part_scores, _store_weights
-
-
-@triton.jit
-def _rg_emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane, S, WS, n, w0,
-                  k, s_sink, s_win, init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
-    """``pq_split._emit_part`` with the weight rows' stride ``WS`` apart from the row's
-    length ``S`` (a ragged row of ``S_b`` keys in a row of ``S_alloc`` weights). The same
-    operations otherwise, line for line; kept as a copy so that ``pq_emit``'s compiled
-    code does not change (fold the two into one helper with a stride argument when
-    ``pq_split`` is rebuilt anyway)."""
-    lane_u = lane.to(tl.uint32)
-    g0 = j0 + wd * 32
-    ws = S - s_win  # first window position
-    cand = _low_bits(g0, w0)
-    fill = _low_bits(g0, k) & (cand ^ 0xFFFFFFFF)  # none unless w0 < k
-    ge_s = tl.sum((sc >= t_sure).to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
-    ge_m = tl.sum((sc >= t_maybe).to(tl.uint32) << lane_u[None, :], axis=1)
-    bs = (ge_s & cand) | fill
-    bm = ge_m & cand & (bs ^ 0xFFFFFFFF)
-    ps = _popc(bs)
-    pm = _popc(bm)
-    packed = ps + (pm << 16)
-    tot = tl.sum(packed, axis=0)
-    # publish this part's counts, then add up those of the row's earlier parts
-    word = READY | ((tot & 0xFFFF).to(tl.int64) << 20) | (tot >> 16).to(tl.int64)
-    tl.atomic_xchg(frow + c, word, sem="relaxed")
-    carry_s = 0
-    carry_m = 0
-    if c > 0:
-        f = tl.load(frow + c - 1, volatile=True)
-        while f < READY:
-            f = tl.load(frow + c - 1, volatile=True)
-        for q0 in range(0, c, QB):
-            qq = q0 + tl.arange(0, QB)
-            qm = qq < c
-            v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-            while tl.min(v, axis=0) < READY:
-                v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-            carry_s += tl.sum(((v >> 20) & 0xFFFFF).to(tl.int32), axis=0)
-            carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
-    take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
-
-    # weights: taken keys, window keys (w0 <= j < n) and sink keys (j + init_offset < sink')
-    wbits = take | (_low_bits(g0, n) & (cand ^ 0xFFFFFFFF)) | _low_bits(g0, s_sink - init_offset)
-    _store_weights(w_ptr, wbits, r64, WS, init_offset, j0, j, wd, lane, lane_u, n, TILE, NW)
-    total = s_sink + k + s_win
-    if (init_offset >= s_sink) & (ws >= init_offset) & (w0 >= k):
-        if j0 + TILE > w0:  # window keys in this part
-            tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & (j < n))
-        _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
-    else:
-        for s0 in range(0, tl.minimum(NW, tl.cdiv(n - j0, 32)), 4):  # groups holding keys
-            gi = s0 + tl.arange(0, 4)
-            tg = tl.gather(take, gi, 0)
-            tk = ((tg[:, None] >> lane_u[None, :]) & 1) != 0
-            tb = tl.gather(ex_t, gi, 0)[:, None] + _popc(tg[:, None] & ((1 << lane_u[None, :]) - 1))
-            p = j0 + init_offset + gi[:, None] * 32 + lane[None, :]
-            pv = p.to(tl.int64)
-            in_n = p < S
-            sh = tl.maximum(p - ws, 0)  # window positions before p
-            hs = tl.minimum(p + 1, s_sink)  # sink positions at or before p
-            tl.store(sl_row + hs + tb + sh, pv, mask=tk)
-            tl.store(sl_row + p + tb + sh, pv, mask=(p < s_sink) & in_n)
-            tl.store(sl_row + hs + tb + tk.to(tl.int32) + (p - ws), pv, mask=(p >= ws) & in_n)
-    if c == 0:
-        wty = w_ptr.dtype.element_ty
-        w_row = w_ptr + r64 * WS
-        for p0 in range(0, init_offset, 1024):
-            q = p0 + tl.arange(0, 1024)
-            qm = q < init_offset
-            is_sink = q < s_sink
-            is_win = q >= ws
-            tl.store(w_row + q, (is_sink | is_win).to(tl.float32).to(wty), mask=qm)
-            tl.store(sl_row + q + tl.maximum(q - ws, 0), q.to(tl.int64), mask=qm & is_sink)
-            tl.store(sl_row + tl.minimum(q + 1, s_sink) + (q - ws), q.to(tl.int64), mask=qm & is_win)
-        tl.store(len_ptr + r64, total.to(tl.int64))
+from pq_split import _emit_part, _part_scores
 
 
 @triton.jit
@@ -247,8 +171,8 @@ def pq_rgsemit_kernel(
             t_sure = tl.load(bnd_ptr + 2 * r64)
             t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
             need = tl.load(need_ptr + r)
-            _rg_emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd,
-                          lane, S, sa, n, w0, k, s_sink, s_win, io, NW, TILE, QB)
+            _emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane,
+                       S, sa, n, w0, k, s_sink, s_win, io, NW, TILE, QB)
             if (c == 0) & (h == 0):
                 tl.store(nc_ptr + b, n.to(tl.int64))
         elif ok:

@@ -107,9 +107,11 @@ def _store_weights(w_ptr, wb, r64, S, init_offset, j0, j, wd, lane, lane_u, n, T
 
 
 @triton.jit
-def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane, S, n, w0, k,
+def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane, S, WS, n, w0, k,
                s_sink, s_win, init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
-    """One part's emit (keys ``j = j0 ..``, ``[NW, 32]``, scores ``sc``): classify by the
+    """One part's emit of a row of ``S`` keys whose weights lie in rows of stride ``WS``
+    (``S`` on the fixed-``S`` path; ``S_alloc`` for a ragged row, ``pq_rgsplit.py``)
+    (keys ``j = j0 ..``, ``[NW, 32]``, scores ``sc``): classify by the
     row's bounds per 32-key group (sure: ``sc >= t_sure``, maybe: ``t_maybe <= sc <
     t_sure``, candidates ``j < w0`` only; where fewer than ``k`` keys are candidates the
     lowest masked keys ``w0 <= j < k`` are sure too, spec step 4), publish the part's sure
@@ -160,7 +162,7 @@ def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, 
 
     # weights: taken keys, window keys (w0 <= j < n) and sink keys (j + init_offset < sink')
     wbits = take | (_low_bits(g0, n) & (cand ^ 0xFFFFFFFF)) | _low_bits(g0, s_sink - init_offset)
-    _store_weights(w_ptr, wbits, r64, S, init_offset, j0, j, wd, lane, lane_u, n, TILE, NW)
+    _store_weights(w_ptr, wbits, r64, WS, init_offset, j0, j, wd, lane, lane_u, n, TILE, NW)
     total = s_sink + k + s_win
     if (init_offset >= s_sink) & (ws >= init_offset) & (w0 >= k):
         if j0 + TILE > w0:  # window keys in this part
@@ -187,7 +189,7 @@ def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, 
         # positions before the first key: sink and window entries (no heavy pick below
         # them) and their weights
         wty = w_ptr.dtype.element_ty
-        w_row = w_ptr + r64 * S
+        w_row = w_ptr + r64 * WS
         for p0 in range(0, init_offset, 1024):  # 1024 at a time: few registers
             q = p0 + tl.arange(0, 1024)
             qm = q < init_offset
@@ -261,7 +263,7 @@ def pq_emit_kernel(
     t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
     need = tl.load(need_ptr + r)
     _emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win), w_ptr, len_ptr,
-               r64, c, j0, j, wd, lane, S, n, w0, k, s_sink, s_win, init_offset, NW, TILE, QB)
+               r64, c, j0, j, wd, lane, S, S, n, w0, k, s_sink, s_win, init_offset, NW, TILE, QB)
 
 
 # ----------------------------------------------------------------------------------
