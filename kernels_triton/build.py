@@ -30,6 +30,7 @@ has sorted keys and no timestamps or paths. Two builds are byte-identical.
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures as cf
 import contextlib
 import hashlib
@@ -71,6 +72,38 @@ def kernel_modules() -> list[str]:
         if re.search(r"^KERNELS\s*[:=]", p.read_text(), re.MULTILINE):
             mods.append(p.stem)
     return mods
+
+
+def local_imports(mod: str) -> set[str]:
+    """The modules of kernels_triton/ that ``mod`` imports, directly or through each other
+    (read from the source with ``ast``, never imported), ``mod`` included."""
+    seen, todo = set(), [mod]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        for node in ast.walk(ast.parse((HERE / f"{m}.py").read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            todo += [n for n in names if (HERE / f"{n}.py").is_file()]
+    return seen
+
+
+def source_hash(mod: str) -> str:
+    """A module's ``source_hash``: the sha256 over its source and that of every module of
+    kernels_triton/ it imports (``local_imports``, in name order), so that a change to a
+    shared helper makes every kernel built from it stale (``--only``, the tuning table's
+    kernel hash), not only the kernels of the module that defines it."""
+    h = hashlib.sha256()
+    for m in sorted(local_imports(mod)):
+        data = (HERE / f"{m}.py").read_bytes()
+        h.update(f"{m}.py {len(data)}\n".encode())
+        h.update(data)
+    return h.hexdigest()
 
 
 def load_kernels(mods: list[str]):
@@ -304,8 +337,8 @@ def kept_entries(out: Path, only: set, mods: list, src_hash: dict, files: dict) 
         if mod in only or mod not in src_hash:
             continue
         if v["source_hash"] != src_hash[mod]:
-            raise SystemExit(f"error: --only: {mod}.py changed since {out} was built; rebuild it too "
-                             f"(--only {','.join(sorted(only | {mod}))}) or rebuild everything")
+            raise SystemExit(f"error: --only: {mod}.py or a module it imports changed since {out} was built; "
+                             f"rebuild it too (--only {','.join(sorted(only | {mod}))}) or rebuild everything")
         for kind in ("ptx", "cubin"):
             if kind in v:
                 data = (out / v[kind]["file"]).read_bytes()
@@ -320,7 +353,7 @@ def build(out: Path, jobs: int, quiet: bool = False, only: set | None = None) ->
     mods = kernel_modules()
     kernels = load_kernels(mods)
     by_name = {k.name: (m, k) for m, k in kernels}
-    src_hash = {m: sha256((HERE / f"{m}.py").read_bytes()) for m in mods}
+    src_hash = {m: source_hash(m) for m in mods}
     files = {}
     variants = []
     if only:

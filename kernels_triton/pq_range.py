@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_select import RANK_INF, RANK_NAN, _lut_tile, _mul_rn, _rank_distance, _rank_score, _row_dots
+from pq_select import RANK_INF, RANK_NAN, _block_nearest, _lut_tile, _rank_score, _row_dots
 from pq_hist import _row_ids, _row_sizes
 from pq_split import _part_scores
 
@@ -210,39 +210,6 @@ def _resolve(bnd_ptr, need_ptr, rs, r, r64, t_sure, t_maybe, need):
     tl.store(bnd_ptr + 2 * r64 + 1, t_maybe)
     tl.store(need_ptr + r, need.to(tl.int32))
     tl.store(rs + 3, 1)
-
-
-@triton.jit
-def _block_nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, cb, BLOCK_C: tl.constexpr,
-                   BLOCK_DS: tl.constexpr):
-    """One block of ``_nearest`` (pq_select.py): over centroids ``cb .. cb + BLOCK_C``, the
-    least ranked distance (``_rank_distance``: NaN never taken) and its lowest ``c``, as
-    ``_nearest``'s loop computes them for that block; ``_nearest``'s result is the first
-    block's pair with the strictly least distance, starting from ``(+inf, 0)``."""
-    xx = tl.zeros([BLOCK_DS], tl.float32)
-    for d0 in range(0, d_s, BLOCK_DS):
-        offs_d = d0 + tl.arange(0, BLOCK_DS)
-        x = tl.load(k_ptr + kbase + offs_d, mask=offs_d < d_s, other=0.0).to(tl.float32)
-        xx += x * x
-    aug = tl.sqrt(tl.maximum(phi - tl.sum(xx, axis=0), 0.0))
-    offs_c = cb + tl.arange(0, BLOCK_C)
-    cmask = offs_c < K
-    dist = tl.zeros([BLOCK_C], tl.float32)
-    for d0 in range(0, d_s, BLOCK_DS):
-        offs_d = d0 + tl.arange(0, BLOCK_DS)
-        dmask = offs_d < d_s
-        x = tl.load(k_ptr + kbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
-        c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :], mask=cmask[:, None] & dmask[None, :],
-                    other=0.0)
-        diff = x[None, :] - c
-        dist += tl.sum(_mul_rn(diff, diff), axis=1)
-    if metric_ip != 0:
-        dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
-        dist += dd * dd
-    dist = tl.where(cmask, _rank_distance(dist), float("inf"))
-    dmin = tl.min(dist, axis=0)
-    cmin = tl.argmin(dist, axis=0, tie_break_left=True).to(tl.int32) + cb
-    return dmin, cmin
 
 
 @triton.jit

@@ -147,37 +147,65 @@ def _nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C
     a NaN distance is never taken, code 0 where every distance is NaN (``_rank_distance``).
     metric_ip != 0: x gets the extra coordinate sqrt(max(0, phi - ||x||^2)), compared
     with each centroid's coordinate d_s."""
-    xx = tl.zeros([BLOCK_DS], tl.float32)
-    for d0 in range(0, d_s, BLOCK_DS):
-        offs_d = d0 + tl.arange(0, BLOCK_DS)
-        x = tl.load(k_ptr + kbase + offs_d, mask=offs_d < d_s, other=0.0).to(tl.float32)
-        xx += x * x
-    aug = tl.sqrt(tl.maximum(phi - tl.sum(xx, axis=0), 0.0))
+    aug = _ip_aug(k_ptr, kbase, phi, d_s, BLOCK_DS)
     best_d = float("inf")
     best_c = 0
     for cb in range(0, K, BLOCK_C):
-        offs_c = cb + tl.arange(0, BLOCK_C)
-        cmask = offs_c < K
-        dist = tl.zeros([BLOCK_C], tl.float32)
-        for d0 in range(0, d_s, BLOCK_DS):
-            offs_d = d0 + tl.arange(0, BLOCK_DS)
-            dmask = offs_d < d_s
-            x = tl.load(k_ptr + kbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
-            c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :],
-                        mask=cmask[:, None] & dmask[None, :], other=0.0)
-            diff = x[None, :] - c
-            dist += tl.sum(_mul_rn(diff, diff), axis=1)  # rounded products: see _row_dots
-        if metric_ip != 0:
-            dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
-            dist += dd * dd
-        dist = tl.where(cmask, _rank_distance(dist), float("inf"))
-        dmin = tl.min(dist, axis=0)
-        cmin = tl.argmin(dist, axis=0, tie_break_left=True).to(tl.int32) + cb
+        dmin, cmin = _block_dist(k_ptr, kbase, cent_ptr, cbase, aug, d_s, d_c, K, metric_ip, cb, BLOCK_C, BLOCK_DS)
         # strict <: on a tie the earlier block (lower c) stays
         take = dmin < best_d
         best_c = tl.where(take, cmin, best_c)
         best_d = tl.where(take, dmin, best_d)
     return best_c
+
+
+@triton.jit
+def _block_nearest(k_ptr, kbase, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, cb, BLOCK_C: tl.constexpr,
+                   BLOCK_DS: tl.constexpr):
+    """One block of ``_nearest``'s loop on its own (``pq_range``'s table CTAs each take one):
+    over centroids ``cb .. cb + BLOCK_C``, the least ranked distance and its lowest ``c``;
+    ``_nearest``'s result is the first block's pair with the strictly least distance,
+    starting from ``(+inf, 0)``."""
+    aug = _ip_aug(k_ptr, kbase, phi, d_s, BLOCK_DS)
+    return _block_dist(k_ptr, kbase, cent_ptr, cbase, aug, d_s, d_c, K, metric_ip, cb, BLOCK_C, BLOCK_DS)
+
+
+@triton.jit
+def _ip_aug(k_ptr, kbase, phi, d_s, BLOCK_DS: tl.constexpr):
+    """The ip-to-l2 coordinate of a key subvector, ``sqrt(max(0, phi - ||x||^2))`` (unused
+    for euclidean)."""
+    xx = tl.zeros([BLOCK_DS], tl.float32)
+    for d0 in range(0, d_s, BLOCK_DS):
+        offs_d = d0 + tl.arange(0, BLOCK_DS)
+        x = tl.load(k_ptr + kbase + offs_d, mask=offs_d < d_s, other=0.0).to(tl.float32)
+        xx += x * x
+    return tl.sqrt(tl.maximum(phi - tl.sum(xx, axis=0), 0.0))
+
+
+@triton.jit
+def _block_dist(k_ptr, kbase, cent_ptr, cbase, aug, d_s, d_c, K, metric_ip, cb, BLOCK_C: tl.constexpr,
+                BLOCK_DS: tl.constexpr):
+    """``(dmin, cmin)``: the least ranked distance (``_rank_distance``: NaN never taken) of
+    the key subvector to centroids ``cb .. cb + BLOCK_C`` and its lowest ``c`` (``aug``:
+    ``_ip_aug``'s coordinate, for metric ip)."""
+    offs_c = cb + tl.arange(0, BLOCK_C)
+    cmask = offs_c < K
+    dist = tl.zeros([BLOCK_C], tl.float32)
+    for d0 in range(0, d_s, BLOCK_DS):
+        offs_d = d0 + tl.arange(0, BLOCK_DS)
+        dmask = offs_d < d_s
+        x = tl.load(k_ptr + kbase + offs_d, mask=dmask, other=0.0).to(tl.float32)
+        c = tl.load(cent_ptr + cbase + offs_c[:, None] * d_c + offs_d[None, :],
+                    mask=cmask[:, None] & dmask[None, :], other=0.0)
+        diff = x[None, :] - c
+        dist += tl.sum(_mul_rn(diff, diff), axis=1)  # rounded products: see _row_dots
+    if metric_ip != 0:
+        dd = aug - tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
+        dist += dd * dd
+    dist = tl.where(cmask, _rank_distance(dist), float("inf"))
+    dmin = tl.min(dist, axis=0)
+    cmin = tl.argmin(dist, axis=0, tie_break_left=True).to(tl.int32) + cb
+    return dmin, cmin
 
 
 @triton.jit

@@ -10,7 +10,8 @@
 //! goes stale the moment what it measured changes (cubecl PR #1455: keying by kernel id
 //! kept serving results for edited kernels):
 //!
-//! - the *kernel hash*: the variants' `source_hash` (the sha256 of the Triton source);
+//! - the *kernel hash*: the variants' `source_hash` (the sha256 of the Triton source and
+//!   of the kernel modules it imports, so an edited shared helper counts);
 //! - the *candidate checksum*: sha256 over the sorted variant ids and their artifact
 //!   hashes, so adding, removing or recompiling any variant invalidates the entry.
 
