@@ -313,6 +313,75 @@ fn ratio_sizes_ip_and_16_bit_weights() {
     }
 }
 
+/// A graph-replayed decode loop on the split path: each row starts one key short of
+/// `starts[r]` (its count `n_quantized(starts[r] - 1)`), grows by `grow(i, r)` keys before
+/// step `i > 0`; the lengths are written into a device buffer before each replay, the
+/// outputs poisoned, and every step checked against the CPU reference on the codes the
+/// previous step left.
+struct DeviceLoop {
+    ix: GpuIndexer,
+    dev: DeviceInputs,
+    dlens: cudarc::driver::CudaSlice<i64>,
+    lens: Vec<usize>,
+    n_cached: Vec<usize>,
+    captures: usize,
+}
+
+fn device_loop(
+    rt: &Arc<Runtime>,
+    c: &PqConfig,
+    starts: &[usize],
+    s_alloc: usize,
+    steps: usize,
+    grow: impl Fn(usize, usize) -> usize,
+) -> DeviceLoop {
+    let sh = shape(starts.len(), s_alloc);
+    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
+    let n_max = *ncs.iter().max().unwrap();
+    let x0 = PqInputs::random(c, sh, n_max, seed()).expect("inputs");
+    let rx0 = ragged(c, x0.clone(), starts, &ncs);
+    let (mut ix, dev) = setup(rt, c, &rx0);
+    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
+    let stream = ix.stream().clone();
+    let mut dlens = stream.alloc_zeros::<i64>(sh.b).expect("lens buffer");
+    let mut lens = starts.to_vec();
+    let mut prev_codes = (x0.codes.clone(), n_max);
+    let mut prev_nc = ncs;
+    let mut captures = 0;
+    for i in 0..steps {
+        if i > 0 {
+            for (r, l) in lens.iter_mut().enumerate() {
+                *l += grow(i, r);
+            }
+        }
+        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
+        ix.poison_outputs().expect("poison");
+        let info = ix
+            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+            .expect("step");
+        captures += usize::from(info.captured);
+        let out = ix.download_ragged().expect("download");
+        check_loop_step(
+            c,
+            &x0,
+            &lens,
+            &mut prev_codes,
+            &mut prev_nc,
+            &out,
+            &format!("step {i} lens {lens:?}"),
+        );
+    }
+    DeviceLoop {
+        ix,
+        dev,
+        dlens,
+        lens,
+        n_cached: prev_nc,
+        captures,
+    }
+}
+
 /// A decode loop from one captured graph: the lengths live in a device buffer the test
 /// rewrites between replays (every row +1 a step, some +4), every step checked against the
 /// CPU reference on the codes the previous step left, the graph captured once; then a
@@ -325,58 +394,29 @@ fn graph_replay_with_lengths_in_a_device_buffer() {
     let starts = [1500usize, 60, 2200, 900];
     let steps = 6;
     let s_alloc = starts.iter().max().unwrap() + 4 * steps + 8;
-    let sh = shape(starts.len(), s_alloc);
-    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
-    let n_max = *ncs.iter().max().unwrap();
-    let x0 = PqInputs::random(&c, sh, n_max, seed()).expect("inputs");
-    let rx0 = ragged(&c, x0.clone(), &starts, &ncs);
-    let (mut ix, dev) = setup(&rt, &c, &rx0);
-    let stream = ix.stream().clone();
-    let mut dlens = stream.alloc_zeros::<i64>(sh.b).expect("lens buffer");
-    let mut lens = starts.to_vec();
-    let mut prev_codes = (x0.codes.clone(), n_max);
-    let mut prev_nc = ncs.clone();
-    let mut captures = 0;
-    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
-    for i in 0..steps {
-        if i > 0 {
-            for (r, l) in lens.iter_mut().enumerate() {
-                *l += if (i + r) % 3 == 0 { 4 } else { 1 };
-            }
+    let mut l = device_loop(&rt, &c, &starts, s_alloc, steps, |i, r| {
+        if (i + r) % 3 == 0 {
+            4
+        } else {
+            1
         }
-        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
-        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
-        ix.poison_outputs().expect("poison");
-        let info = ix
-            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
-            .expect("step");
-        captures += usize::from(info.captured);
-        let out = ix.download_ragged().expect("download");
-        check_loop_step(
-            &c,
-            &x0,
-            &lens,
-            &mut prev_codes,
-            &mut prev_nc,
-            &out,
-            &format!("step {i} lens {lens:?}"),
-        );
-    }
-    assert_eq!(captures, 1, "one graph for every length");
+    });
+    assert_eq!(l.captures, 1, "one graph for every length");
     // a bad row in the buffer: refused on the device, reported by row and values
-    let mut bad: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+    let mut bad: Vec<i64> = l.lens.iter().map(|&s| s as i64).collect();
     bad[2] = s_alloc as i64 + 5;
-    stream.memcpy_htod(&bad, &mut dlens).expect("lengths");
-    ix.step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+    let stream = l.ix.stream().clone();
+    stream.memcpy_htod(&bad, &mut l.dlens).expect("lengths");
+    l.ix.step_ragged_device(l.dev.query(), l.dev.key(), &l.dlens, LaunchMode::Graph)
         .expect("step");
-    let e = ix.check_ragged_errors().unwrap_err().to_string();
+    let e = l.ix.check_ragged_errors().unwrap_err().to_string();
     assert!(
         e.contains("row 2") && e.contains(&(s_alloc + 5).to_string()),
         "{e}"
     );
-    assert!(ix.check_ragged_errors().is_ok(), "the record is cleared");
+    assert!(l.ix.check_ragged_errors().is_ok(), "the record is cleared");
     // the other rows' counts did not move backwards; row 2's stayed
-    assert_eq!(ix.row_n_cached().unwrap(), prev_nc);
+    assert_eq!(l.ix.row_n_cached().unwrap(), l.n_cached);
 }
 
 /// More rows than one round of the threshold's default CTAs (34 x 8 = 272 rows: on GPUs of
@@ -386,41 +426,13 @@ fn graph_replay_with_lengths_in_a_device_buffer() {
 fn more_rows_than_one_round_of_threshold_ctas() {
     let Some(rt) = runtime() else { return };
     let c = cfg();
-    let b = 34;
-    let starts: Vec<usize> = (0..b)
+    let starts: Vec<usize> = (0..34)
         .map(|r| [1700, 40, 900, 1200, 300][r % 5] + 7 * r)
         .collect();
     let steps = 3;
     let s_alloc = starts.iter().max().unwrap() + steps + 8;
-    let sh = shape(b, s_alloc);
-    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
-    let n_max = *ncs.iter().max().unwrap();
-    let x0 = PqInputs::random(&c, sh, n_max, seed()).expect("inputs");
-    let rx0 = ragged(&c, x0.clone(), &starts, &ncs);
-    let (mut ix, dev) = setup(&rt, &c, &rx0);
-    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
-    let stream = ix.stream().clone();
-    let mut dlens = stream.alloc_zeros::<i64>(b).expect("lens buffer");
-    let mut prev_codes = (x0.codes.clone(), n_max);
-    let mut prev_nc = ncs.clone();
-    for i in 0..steps {
-        let lens: Vec<usize> = starts.iter().map(|&s| s + i).collect();
-        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
-        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
-        ix.poison_outputs().expect("poison");
-        ix.step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
-            .expect("step");
-        let out = ix.download_ragged().expect("download");
-        check_loop_step(
-            &c,
-            &x0,
-            &lens,
-            &mut prev_codes,
-            &mut prev_nc,
-            &out,
-            &format!("step {i}"),
-        );
-    }
+    let l = device_loop(&rt, &c, &starts, s_alloc, steps, |_, _| 1);
+    assert_eq!(l.captures, 1, "one graph for every length");
 }
 
 /// The split path's persistent state across a graph-replayed decode loop, outputs
