@@ -7,9 +7,9 @@
 //! inputs); lengths 1, `K`, the short threshold and `S_alloc` beside long rows; per-row
 //! `N_cached` and multi-token rows; ratio sizes and 16-bit weights; a decode loop replayed
 //! from one captured graph whose lengths change in a device buffer, rows over many emit
-//! parts; more rows than one round of threshold CTAs; rows whose counts are lowered mid-loop (the histogram reset on the device) and
-//! whose lengths shrink; refusals naming the row. Skips with a visible message without a
-//! GPU.
+//! parts; more rows than one round of threshold CTAs; rows whose counts are lowered
+//! mid-loop (the histogram reset on the device) and whose lengths shrink; refusals naming
+//! the row. Skips with a visible message without a GPU.
 
 mod common;
 
@@ -313,6 +313,32 @@ fn ratio_sizes_ip_and_16_bit_weights() {
     }
 }
 
+/// The start of a graph-replayed decode loop on the split path: random inputs with each row
+/// one key short of `starts[r]` (its count `n_quantized(starts[r] - 1)`, returned), the
+/// indexer holding them, and a lengths buffer of `B` entries on its stream.
+fn loop_start(
+    rt: &Arc<Runtime>,
+    c: &PqConfig,
+    starts: &[usize],
+    s_alloc: usize,
+) -> (
+    PqInputs,
+    Vec<usize>,
+    GpuIndexer,
+    DeviceInputs,
+    cudarc::driver::CudaSlice<i64>,
+) {
+    let sh = shape(starts.len(), s_alloc);
+    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
+    let n_max = *ncs.iter().max().unwrap();
+    let x0 = PqInputs::random(c, sh, n_max, seed()).expect("inputs");
+    let rx0 = ragged(c, x0.clone(), starts, &ncs);
+    let (ix, dev) = setup(rt, c, &rx0);
+    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
+    let dlens = ix.stream().alloc_zeros::<i64>(sh.b).expect("lens buffer");
+    (x0, ncs, ix, dev, dlens)
+}
+
 /// A graph-replayed decode loop on the split path: each row starts one key short of
 /// `starts[r]` (its count `n_quantized(starts[r] - 1)`), grows by `grow(i, r)` keys before
 /// step `i > 0`; the lengths are written into a device buffer before each replay, the
@@ -335,17 +361,10 @@ fn device_loop(
     steps: usize,
     grow: impl Fn(usize, usize) -> usize,
 ) -> DeviceLoop {
-    let sh = shape(starts.len(), s_alloc);
-    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
-    let n_max = *ncs.iter().max().unwrap();
-    let x0 = PqInputs::random(c, sh, n_max, seed()).expect("inputs");
-    let rx0 = ragged(c, x0.clone(), starts, &ncs);
-    let (mut ix, dev) = setup(rt, c, &rx0);
-    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
+    let (x0, ncs, mut ix, dev, mut dlens) = loop_start(rt, c, starts, s_alloc);
     let stream = ix.stream().clone();
-    let mut dlens = stream.alloc_zeros::<i64>(sh.b).expect("lens buffer");
     let mut lens = starts.to_vec();
-    let mut prev_codes = (x0.codes.clone(), n_max);
+    let mut prev_codes = (x0.codes.clone(), x0.n_cached);
     let mut prev_nc = ncs;
     let mut captures = 0;
     for i in 0..steps {
@@ -449,17 +468,10 @@ fn lowered_counts_and_shrinking_rows_on_the_split_path() {
     let c = cfg();
     let starts = [8800usize, 60, 5000, 1200];
     let s_alloc = 9000;
-    let sh = shape(starts.len(), s_alloc);
-    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
-    let n_max = *ncs.iter().max().unwrap();
-    let x0 = PqInputs::random(&c, sh, n_max, seed()).expect("inputs");
-    let rx0 = ragged(&c, x0.clone(), &starts, &ncs);
-    let (mut ix, dev) = setup(&rt, &c, &rx0);
-    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
+    let (x0, ncs, mut ix, dev, mut dlens) = loop_start(&rt, &c, &starts, s_alloc);
     let stream = ix.stream().clone();
-    let mut dlens = stream.alloc_zeros::<i64>(sh.b).expect("lens buffer");
     let mut lens = starts.to_vec();
-    let mut prev_codes = (x0.codes.clone(), n_max);
+    let mut prev_codes = (x0.codes.clone(), x0.n_cached);
     let mut prev_nc = ncs.clone();
     let mut captures = 0;
     for i in 0..5 {
