@@ -36,10 +36,13 @@ cases+=("bf16 GQA small|run $small --dtype bf16 --weight-dtype bf16")
 # the practical shape (B=1 H=32 H_kv=8 S=32768 bf16; heavy as the indexer takes it today)
 cases+=("practical GQA bf16 (S=32768)|run --workload 1,32,8,32768,128 --dtype bf16 --weight-dtype bf16 --steps 2")
 cases+=("4096 new keys, practical|run --workload 1,32,8,32768,128 --dtype bf16 --weight-dtype bf16 --n-cached 28544 --steps 2")
-# ragged batches: one round of threshold CTAs (24 rows), and past one round on up to 160
-# SMs (160 rows: pq_rgthresh.r128)
+# ragged batches on the indexed path (the reference config's) and on the split path: one
+# round of threshold CTAs (24 rows), and past one round on up to 160 SMs (160 rows:
+# pq_rgthresh.r128)
 cases+=("ragged, 24 rows|run --seq-lens 300,2500,6000 --heads 8 --kv-heads 2 --steps 2")
 cases+=("ragged, 160 rows|run --seq-lens 600,1800,3000,900,2400 --heads 32 --kv-heads 8 --steps 2")
+cases+=("ragged split, 24 rows|run --seq-lens 300,2500,6000 --heads 8 --kv-heads 2 --steps 2 --ragged-path split")
+cases+=("ragged split, 160 rows|run --seq-lens 600,1800,3000,900,2400 --heads 32 --kv-heads 8 --steps 2 --ragged-path split")
 pf="prefill --seq-len 2000 --kv-heads 2 --repeat 1"
 cases+=("prefill fused sums (M2 b6 bf16)|$pf")
 cases+=("prefill sums kernel (M4 b8 ip)|$pf --pq-group-factor 4 --pq-bits 8 --metric ip")

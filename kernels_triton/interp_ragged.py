@@ -126,7 +126,7 @@ def run(st, lens, nc, cfg, nch, tile, reverse=False):
     ctx = reversed_grid if reverse else contextlib.nullcontext
     with ctx():
         pq_rgq_kernel[(B * H_kv * M, nch)](
-            key, cent, st["phi"], codes, lens_a, seen, nc, stat, err,
+            key, cent, st["phi"], codes, lens_a, seen, nc, Arr(np.full(B, -9, np.int64)), stat, err,
             H_kv * sa * D, sa * D, D,
             H_kv, M, K, D // M, st["cap"], sa, io, st["metric_ip"], hv_c, hv_r, nch, **RGQ_FIXED, num_warps=4)
         assert np.all((stat.a == 0) | (stat.a == 1)), f"pq_rgq left stat unwritten: {stat.a}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""CPU check of the ragged step on the split histogram path (``pq_rgq`` from
-``pq_ragged.py``, then ``pq_rgthresh_kernel`` and ``pq_rgsemit_kernel`` from
-``pq_rgsplit.py``) under Triton's interpreter (no GPU, no torch).
+"""CPU check of the ragged step on the histogram paths under Triton's interpreter (no GPU,
+no torch): ``pq_rgq`` from ``pq_ragged.py``, then the split path (``pq_rgthresh_kernel``
+and ``pq_rgsemit_kernel`` from ``pq_rgsplit.py``) and, for the cases with ``M <= 2``, the
+indexed path (``pq_rgwfill_kernel`` and ``pq_rgindex_kernel`` from ``pq_rgindex.py``).
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_rgsplit.py [--case NAME] [--seed N]
 
@@ -21,7 +22,10 @@ sink and window exact, ascending list, weights its indicator, the heavy set by t
 rule in float64, exact on small integers, ties and NaN lowest ``j`` first; the padding;
 the new keys' codes; the device ``n_cached``), each long row's histogram equal to a
 recount of its codes ``j < w0``, ``wext[r] = S_b``, the emit's flags published and every
-ticket taken. ``sparse_list`` and ``sparse_len`` are poisoned before each step,
+ticket taken; on the indexed path the weights ``pq_rgwfill`` writes (checked before
+``pq_rgindex`` runs: the interpreter runs it with PDL off, so each row CTA also writes
+its own row's weights, as on sm_80), the bucket marks left zero and the histogram as
+above (the buckets are what the gathers read). ``sparse_list`` and ``sparse_len`` are poisoned before each step,
 ``weight_list`` up to each row's ``wext`` (beyond it the kernels may rely on zeros; the
 first step starts from ``wext = S_alloc`` and everything poisoned). Emit parts are
 ``TILE`` keys (128 or 256), so long rows span many parts. Exit status 1 on the first
@@ -44,9 +48,11 @@ from interp_ragged import I32_MAX, check, make_state, poison_nonfinite, row_len,
 from pq_hist import FIXED  # noqa: E402
 from pq_ragged import RGQ_FIXED, pq_rgq_kernel  # noqa: E402
 from pq_rgsplit import RGSEMIT_FIXED, RGTHRESH_FIXED, pq_rgsemit_kernel, pq_rgthresh_kernel  # noqa: E402
+from pq_rgindex import RGWFILL_CH, pq_rgindex_kernel, pq_rgwfill_kernel  # noqa: E402
+from pq_index import INDEX_FIXED  # noqa: E402
 
 #: the state a step changes (restored between the two CTA orders of one step)
-PERSISTENT = ("codes", "hist", "histn", "lvl", "lut", "wext", "nc", "w")
+PERSISTENT = ("codes", "hist", "histn", "lvl", "lut", "wext", "nc", "w", "bkt", "mark")
 
 
 def add_split_state(st, io):
@@ -59,11 +65,38 @@ def add_split_state(st, io):
     st["lvl"] = Arr(np.zeros((rows, FIXED["LEVELS"], FIXED["NB"]), np.int32))
     st["wext"] = Arr(np.full(rows, sa, np.int64))
     st["w"] = Arr(np.full((rows, sa), 7.0, np.float32))
+    # the indexed path's buckets, sized as the indexer sizes them (2 x a uniform share +
+    # 16 per combination: rows whose taken combinations hold more fall back to a pass)
+    st["capc"] = 2 * -(-st["cap"] // FIXED["NC"]) + 16
+    st["bkt"] = Arr(np.full((rows, FIXED["NC"], st["capc"]), -1, np.int32))
+    st["mark"] = Arr(np.zeros((rows, INDEX_FIXED["TP"]), np.int32))
 
 
-def run(st, lens, cfg, nch, tile, reverse=False):
-    """pq_rgq, pq_rgthresh, pq_rgsemit (TILE ``tile``) on ``st`` at ``lens``; returns
-    (sparse_list, sparse_len, weight_list, stat, err) and checks the emit's bookkeeping."""
+def expected_fill(lens, stat, cfg, K, H, wext, sa):
+    """The weights ``pq_rgwfill`` writes: each row's sink / window ones (every position of a
+    short row) below ``S_b``, zeros from there to the old ``wext``; ``None`` past both."""
+    out = []
+    for r, we in enumerate(wext):
+        b = r // H
+        ok = stat[b] == 1
+        S = lens[b] if ok else 0
+        row = np.full(sa, np.nan, np.float32)
+        row[:max(S, we)] = 0.0
+        if ok:
+            short, n, w0, k, s_sink, s_win = sizes(cfg, K, S)[:6]
+            if short:
+                row[:S] = 1.0
+            else:
+                row[:s_sink] = 1.0
+                row[S - s_win:S] = 1.0
+        out.append(row)
+    return np.array(out)
+
+
+def run(st, lens, cfg, nch, tile, reverse=False, index=False):
+    """pq_rgq, then pq_rgthresh and pq_rgsemit (TILE ``tile``), or with ``index``
+    pq_rgwfill and pq_rgindex, on ``st`` at ``lens``; returns (sparse_list, sparse_len,
+    weight_list, stat, err) and checks each path's bookkeeping."""
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     K = 1 << bits
     G = H // H_kv
@@ -89,12 +122,17 @@ def run(st, lens, cfg, nch, tile, reverse=False):
     ctr = Arr(np.full(1, 12345, np.int32))
     wz = Arr(np.full((rows, 2), -9, np.int64))
     nc = st["nc"]
+    nc0 = Arr(np.full(B, -9, np.int64))
     ctx = reversed_grid if reverse else contextlib.nullcontext
     with ctx():
         pq_rgq_kernel[(B * H_kv * M, nch)](
-            st["key"], st["cent"], st["phi"], st["codes"], lens_a, seen, nc, stat, err,
+            st["key"], st["cent"], st["phi"], st["codes"], lens_a, seen, nc, nc0, stat, err,
             H_kv * sa * D, sa * D, D,
             H_kv, M, K, D // M, st["cap"], sa, io, st["metric_ip"], hv_c, hv_r, nch, **RGQ_FIXED, num_warps=4)
+    assert np.array_equal(nc0.a, nc.a), "pq_rgq did not copy the rows' counts"
+    if index:
+        return run_index(st, lens, cfg, tile, sizes_a, lens_a, stat, err, nc0, sl, ln, T, reverse)
+    with ctx():
         mp = 2 if M <= 2 else 4
         pq_rgthresh_kernel[(rows, )](
             st["q"], st["cent"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], bnd, need, flag, ctr,
@@ -120,6 +158,42 @@ def run(st, lens, cfg, nch, tile, reverse=False):
     return sl.a.copy(), ln.a.copy(), w.a.copy(), stat.a.copy(), err.a.copy()
 
 
+def run_index(st, lens, cfg, tile, sizes_a, lens_a, stat, err, nc0, sl, ln, T, reverse):
+    """The indexed path after pq_rgq: pq_rgwfill (its weights checked), pq_rgindex (PDL
+    off); the outputs as ``run``'s."""
+    B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
+    K = 1 << bits
+    rows = B * H
+    sa = st["s_alloc"]
+    io = cfg["init_offset"]
+    w = st["w"]
+    wext_old = st["wext"].a.copy()
+    ctx = reversed_grid if reverse else contextlib.nullcontext
+    with ctx():
+        pq_rgwfill_kernel[(rows, max(1, -(-sa // RGWFILL_CH)))](
+            w, lens_a, stat, st["wext"], H, K, sa, io, *sizes_a, CH=RGWFILL_CH, FT=INDEX_FIXED["FT"], TRIGGER=0,
+            num_warps=4)
+    want = expected_fill(lens, stat.a, cfg, K, H, wext_old, sa)
+    got = np.where(np.isnan(want), np.nan, w.a)
+    assert np.array_equal(np.isnan(want), np.isnan(got)) and np.array_equal(want[~np.isnan(want)],
+                                                                           got[~np.isnan(want)]), \
+        "pq_rgwfill's weights differ from the sink / window / short-row fill"
+    assert np.array_equal(st["wext"].a, wext_old), "pq_rgwfill changed wext (pq_rgindex's to set)"
+    with ctx():
+        pq_rgindex_kernel[(rows, )](
+            st["q"], st["cent"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], st["bkt"], st["mark"],
+            lens_a, stat, st["nc"], nc0, st["wext"], sl, ln, w, H * D, D,
+            H, H // H_kv, M, K, bits, D // M, st["cap"], st["capc"], sa, T, io, st["metric_ip"], *sizes_a,
+            MP=2, TILE=tile, PDL=0, **INDEX_FIXED, num_warps=4)
+    assert not st["mark"].a.any(), "pq_rgindex left its start marks non-zero"
+    for b in range(B):
+        S = lens[b] if stat.a[b] == 1 else 0
+        for h in range(H):
+            r = b * H + h
+            assert st["wext"].a[r] == S, f"row b={b} h={h}: wext {st['wext'].a[r]}, want {S}"
+    return sl.a.copy(), ln.a.copy(), w.a.copy(), stat.a.copy(), err.a.copy()
+
+
 def check_hist(st, lens, cfg, stat, what):
     """Each long row's histogram equals a recount of its codes ``j < w0`` (histn = w0)."""
     B, H, H_kv, M, bits = st["B"], st["H"], st["H_kv"], st["M"], st["bits"]
@@ -139,16 +213,17 @@ def check_hist(st, lens, cfg, stat, what):
             assert np.array_equal(st["hist"].a[r], want), f"{what}: row b={b} h={h}: histogram != recount"
 
 
-def step_both_orders(st, lens, cfg, nch, tile, what, bad=()):
+def step_both_orders(st, lens, cfg, nch, tile, what, bad=(), index=False):
     """One step with the CTAs in order, then (from the same state) every launch's grid
-    reversed; both checked, and their outputs and state equal."""
+    reversed; both checked, and their outputs and state equal (``index``: the indexed
+    path)."""
     snap = {k: st[k].a.copy() for k in PERSISTENT}
     results = []
     for rev in (False, True):
         for k in PERSISTENT:
             st[k].a[...] = snap[k]
         before = st["nc"].a.copy()
-        out = run(st, lens, cfg, nch, tile, rev)
+        out = run(st, lens, cfg, nch, tile, rev, index)
         tag = what + (", CTAs in reverse order" if rev else "")
         check(st, lens, before.tolist(), st["nc"].a.tolist(), cfg, out, tag, bad)
         check_hist(st, lens, cfg, out[3], tag)
@@ -157,7 +232,7 @@ def step_both_orders(st, lens, cfg, nch, tile, what, bad=()):
     for i, name in enumerate(("sparse_list", "sparse_len", "weight_list")):
         assert np.array_equal(o1[i], o2[i]), f"{what}: {name} differs between the two CTA orders"
     for k in PERSISTENT:
-        if k != "lut":
+        if k not in ("lut", "bkt"):  # scratch; bucket slots past a row's count may differ
             assert np.array_equal(s1[k], s2[k]), f"{what}: state {k} differs between the two CTA orders"
 
 
@@ -213,59 +288,70 @@ CASES = [
 QUICK = ("mixed_m2_b4", "io_lt_sink_fill", "nonfinite")
 
 
+def run_case(rng, name, B, H, H_kv, D, M, bits, sa, lens0, new, cfg, small, ip, nch, tile, index):
+    """One case's decode loop on one path (``index``: the indexed path)."""
+    K = 1 << bits
+    io = cfg["init_offset"]
+    st = make_state(rng, B, H, H_kv, D, M, bits, sa, small, ip)
+    add_split_state(st, io)
+    # first step: row b at lens0[b] - 1 with new[b] + 1 keys to quantize (a catch-up on
+    # the first row: half its keys new, many of them candidates)
+    l1 = [max(1, s - 1) for s in lens0]
+    nc0 = [max(0, min(s - io, s - io - nw - 1)) for s, nw in zip(l1, new)]
+    nc0[0] = max(0, (l1[0] - io) // 2)
+    if name == "dense_ties":
+        st["codes"].a[...] %= 2
+    if name == "nonfinite":
+        poison_nonfinite(st, l1, nc0, io)
+    st["nc"] = Arr(np.asarray(nc0, np.int64))
+    path = "index" if index else "split"
+    steps = 0
+    for i, lens in enumerate((l1, lens0, lens0)):  # catch-up, decode step, replay
+        step_both_orders(st, lens, cfg, nch, tile, f"{name} ({path}) step {i} lens={lens}", index=index)
+        steps += 1
+    # row 0 replaced (count lowered to a third, new keys from there, a shorter length),
+    # the last row rewound by a few keys; the others shrink (histograms moved down: their
+    # counts stay at or below the new lengths' keys) or grow
+    nc_now = st["nc"].a.tolist()
+    l3 = list(lens0)
+    l3[0] = max(1, (lens0[0] * 2) // 3)
+    cut = {0: max(0, min(nc_now[0], l3[0] - io) // 3)}
+    if B > 1:
+        cut[B - 1] = max(0, nc_now[B - 1] - 5)
+    for b in range(1, B - 1):
+        l3[b] = max(1, lens0[b] - (3 if b % 2 else -0))
+        if max(0, l3[b] - io) < nc_now[b]:
+            l3[b] = lens0[b]  # a long row's count bounds how far it may shrink
+    replace_rows(st, rng, cut, {**{b: nc_now[b] for b in range(B)}, **cut}, io)
+    step_both_orders(st, l3, cfg, nch, tile, f"{name} ({path}) step 3 (rows {sorted(cut)} replaced) lens={l3}",
+                     index=index)
+    # then every row one or more keys longer (several new keys in some rows)
+    l4 = [min(sa, s + 1 + 3 * (b % 2)) for b, s in enumerate(l3)]
+    step_both_orders(st, l4, cfg, nch, tile, f"{name} ({path}) step 4 lens={l4}", index=index)
+    steps += 2
+    # bad rows: one longer than S_alloc, one whose cached codes exceed its keys
+    bad_lens = list(l4)
+    bad_lens[-1] = sa + 1
+    if B > 1:
+        st["nc"].a[0] = max(0, l4[0] - io) + 3
+    bad = (0, B - 1) if B > 1 else (B - 1, )
+    step_both_orders(st, bad_lens, cfg, nch, tile, f"{name} ({path}) bad rows", bad, index=index)
+    steps += 1
+    T = row_len(cfg, K, sa)
+    shorts = sum(sizes(cfg, K, s)[0] for s in lens0)
+    print(f"  {name} ({path} path): {steps} steps ok in both CTA orders (B={B}, {shorts} short rows, "
+          f"S_alloc={sa}, T={T}, TILE={tile})")
+
+
 def main():
     rng, cases = case_args("interp_rgsplit", __doc__, CASES, quick=QUICK)
     for name, (B, H, H_kv, D, M, bits), sa, lens0, new, cfg, small, ip, nch, tile in cases:
-        K = 1 << bits
-        assert K**M <= FIXED["NC"] and M <= 4, name  # the combination histogram's configs
-        io = cfg["init_offset"]
-        st = make_state(rng, B, H, H_kv, D, M, bits, sa, small, ip)
-        add_split_state(st, io)
-        # first step: row b at lens0[b] - 1 with new[b] + 1 keys to quantize (a catch-up
-        # on the first row: half its keys new, many of them candidates)
-        l1 = [max(1, s - 1) for s in lens0]
-        nc0 = [max(0, min(s - io, s - io - nw - 1)) for s, nw in zip(l1, new)]
-        nc0[0] = max(0, (l1[0] - io) // 2)
-        if name == "dense_ties":
-            st["codes"].a[...] %= 2
-        if name == "nonfinite":
-            poison_nonfinite(st, l1, nc0, io)
-        st["nc"] = Arr(np.asarray(nc0, np.int64))
-        steps = 0
-        for i, lens in enumerate((l1, lens0, lens0)):  # catch-up, decode step, replay
-            step_both_orders(st, lens, cfg, nch, tile, f"{name} step {i} lens={lens}")
-            steps += 1
-        # row 0 replaced (count lowered to a third, new keys from there, a shorter
-        # length), the last row rewound by a few keys; the others shrink (histograms
-        # moved down: their counts stay at or below the new lengths' keys) or grow
-        nc_now = st["nc"].a.tolist()
-        l3 = list(lens0)
-        l3[0] = max(1, (lens0[0] * 2) // 3)
-        cut = {0: max(0, min(nc_now[0], l3[0] - io) // 3)}
-        if B > 1:
-            cut[B - 1] = max(0, nc_now[B - 1] - 5)
-        for b in range(1, B - 1):
-            l3[b] = max(1, lens0[b] - (3 if b % 2 else -0))
-            if max(0, l3[b] - io) < nc_now[b]:
-                l3[b] = lens0[b]  # a long row's count bounds how far it may shrink
-        replace_rows(st, rng, cut, {**{b: nc_now[b] for b in range(B)}, **cut}, io)
-        step_both_orders(st, l3, cfg, nch, tile, f"{name} step 3 (rows {sorted(cut)} replaced) lens={l3}")
-        # then every row one or more keys longer (several new keys in some rows)
-        l4 = [min(sa, s + 1 + 3 * (b % 2)) for b, s in enumerate(l3)]
-        step_both_orders(st, l4, cfg, nch, tile, f"{name} step 4 lens={l4}")
-        steps += 2
-        # bad rows: one longer than S_alloc, one whose cached codes exceed its keys
-        bad_lens = list(l4)
-        bad_lens[-1] = sa + 1
-        if B > 1:
-            st["nc"].a[0] = max(0, l4[0] - io) + 3
-        bad = (0, B - 1) if B > 1 else (B - 1, )
-        step_both_orders(st, bad_lens, cfg, nch, tile, f"{name} bad rows", bad)
-        steps += 1
-        T = row_len(cfg, K, sa)
-        shorts = sum(sizes(cfg, K, s)[0] for s in lens0)
-        print(f"  {name}: {steps} steps ok in both CTA orders (B={B}, {shorts} short rows, S_alloc={sa}, T={T}, "
-              f"TILE={tile})")
+        assert (1 << bits)**M <= FIXED["NC"] and M <= 4, name  # the combination histogram's configs
+        seed = int(rng.integers(1 << 62))
+        # the indexed path where pq_index applies (M <= 2), from the same inputs
+        for index in ((False, True) if M <= 2 else (False, )):
+            run_case(np.random.default_rng(seed), name, B, H, H_kv, D, M, bits, sa, lens0, new, cfg, small, ip,
+                     nch, tile, index)
     print("interp_rgsplit: ok")
     return 0
 

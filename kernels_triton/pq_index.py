@@ -368,6 +368,93 @@ def pq_wfill_kernel(w_ptr, rows, S, sink, window, FT: tl.constexpr, TRIGGER: tl.
 
 
 @triton.jit
+def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_row, w_row, r,
+               r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c, cap, CAPC, n, w0, k, s_sink, s_win, ws, init_offset,
+               nc_old, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr,
+               TILE: tl.constexpr, DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, TP: tl.constexpr,
+               FT: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr, TIMER: tl.constexpr, RESET: tl.constexpr):
+    """Steps 2-4 of a row CTA (see the module docstring) at the row's own sizes: ``n``
+    quantized keys, candidates ``j < w0``, ``k`` heavy picks, ``sink'`` / ``window'``
+    (``ws = S - window'``); ``sparse_list`` row ``sl_row`` written in full (sink, heavy,
+    window), its heavy weights into ``w_row`` (after ``_zeros_written``). With ``RESET``
+    (ragged steps) the histogram is recounted when it counts more keys than ``nc_old``
+    (codes past a lowered count may have been rewritten). Returns the phase stamps
+    ``(t1, t2, t3, t4)``."""
+    hist_row = hist_ptr + r64 * NC
+    bkt_row = bkt_ptr + r64 * NC * CAPC
+    lut_row = lut_ptr + r64 * M * K
+    # M = 2 with a table that fits one tile: the table's and the histogram's loads are
+    # issued before the move, their latency under its atomics (the row's histogram
+    # changes only here: where exactly one key joins, its combination is added in
+    # registers), and the table stays in registers
+    fast = (M == 2) & (K <= BLOCK_C) & (d_s <= BLOCK_DS)
+    qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
+    oc = tl.arange(0, BLOCK_C)
+    od = tl.arange(0, BLOCK_DS)
+    q0, cen0 = _lut_tile(q_ptr, qrow, cent_ptr, (bg * 2 * K) * d_c, oc, od, d_s, d_c, K, fast)
+    q1, cen1 = _lut_tile(q_ptr, qrow + d_s, cent_ptr, ((bg * 2 + 1) * K) * d_c, oc, od, d_s, d_c, K, fast)
+    cc = tl.arange(0, NC)
+    cnt = tl.load(hist_row + cc, mask=fast & (cc < (1 << (2 * bits))), other=0, cache_modifier=".cg")
+    hn = tl.load(histn_ptr + r)
+    if RESET:
+        # codes the histogram counts may have been rewritten (a row's count lowered below
+        # them): count the candidates anew (_bucket_move recounts when hn > w0)
+        hn = tl.where(hn > nc_old, 0x3FFFFFFF, hn)
+    one = fast & (w0 == hn + 1)
+    cmb = (tl.load(codes_ptr + (bg * 2) * cap + hn, mask=one, other=0).to(tl.int32) << bits) | tl.load(
+        codes_ptr + (bg * 2 + 1) * cap + hn, mask=one, other=0).to(tl.int32)
+    # ordered before the move's atomics (a CTA barrier: the prefetched counts must not
+    # see them)
+    tl.debug_barrier()
+    # 2-3. histogram and buckets, lookup table, threshold
+    _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, hn, bg, M, bits, cap, w0, CAPC, MP, DT, NC)
+    t1 = _stamp(TIMER)
+    if fast:
+        if one:
+            cnt += (cc == cmb).to(tl.int32)
+        elif w0 != hn:
+            tl.debug_barrier()  # every thread's atomics
+            cnt = tl.load(hist_row + cc, cache_modifier=".cg")
+        cnt, s = _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC)
+        tl.debug_barrier()  # the buckets, the table, the weights' zeros: before any read or heavy one
+        t2 = _stamp(TIMER)
+    else:
+        _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
+        tl.debug_barrier()  # the atomics, the table, the weights' zeros: before any read or heavy one
+        t2 = _stamp(TIMER)
+        cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
+    t3 = _stamp(TIMER)
+    common = (init_offset >= s_sink) & (w0 >= k)
+    need = tl.minimum(k, w0)
+    lo, tot, big = _select_cut(cnt, s, w0, need, TP, CUTS)
+    t4 = _stamp(TIMER)
+    if common & (tot <= TP) & (big <= CAPC):
+        _gather_select(cnt, s, lo, tot, need, bkt_row, mark_ptr + r64 * TP, sl_row, w_row,
+                       s_sink, init_offset, CAPC, NC, TP, PDL)
+        done = tot <= TP
+        t_sure = lo  # unused: the pass over the codes below runs only in the other branch
+        t_maybe = lo
+    else:
+        t_sure, t_maybe, need = _rounds(cnt, s, need, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+        done = _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_ptr + r64 * TP, sl_row,
+                            w_row, k, s_sink, init_offset, CAPC, NC, TP, PDL)
+    if done:
+        q = tl.arange(0, FT)
+        for p0 in range(0, s_sink, FT):
+            p = p0 + q
+            tl.store(sl_row + p, p.to(tl.int64), mask=p < s_sink)
+        for p0 in range(0, s_win, FT):
+            p = p0 + q
+            tl.store(sl_row + s_sink + k + p, (ws + p).to(tl.int64), mask=p < s_win)
+    else:
+        # pq_hist's emit: one pass over the row's codes
+        _zeros_written(PDL)
+        _row_pass(codes_ptr + bg * M * cap, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset,
+                  t_sure, t_maybe, need, MP, TILE)
+    return t1, t2, t3, t4
+
+
+@triton.jit
 def pq_index_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, ready_ptr,
     sl_ptr, len_ptr, w_ptr,  #
@@ -399,71 +486,10 @@ def pq_index_kernel(
         if not PDL:
             if fill == 0:
                 _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
-        hist_row = hist_ptr + r64 * NC
-        bkt_row = bkt_ptr + r64 * NC * CAPC
-        lut_row = lut_ptr + r64 * M * K
-        # M = 2 with a table that fits one tile: the table's and the histogram's loads are
-        # issued before the move, their latency under its atomics (the row's histogram
-        # changes only here: where exactly one key joins, its combination is added in
-        # registers), and the table stays in registers
-        fast = (M == 2) & (K <= BLOCK_C) & (d_s <= BLOCK_DS)
-        qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh
-        oc = tl.arange(0, BLOCK_C)
-        od = tl.arange(0, BLOCK_DS)
-        q0, cen0 = _lut_tile(q_ptr, qrow, cent_ptr, (bg * 2 * K) * d_c, oc, od, d_s, d_c, K, fast)
-        q1, cen1 = _lut_tile(q_ptr, qrow + d_s, cent_ptr, ((bg * 2 + 1) * K) * d_c, oc, od, d_s, d_c, K, fast)
-        cc = tl.arange(0, NC)
-        cnt = tl.load(hist_row + cc, mask=fast & (cc < (1 << (2 * bits))), other=0, cache_modifier=".cg")
-        hn = tl.load(histn_ptr + r)
-        one = fast & (w0 == hn + 1)
-        cmb = (tl.load(codes_ptr + (bg * 2) * cap + hn, mask=one, other=0).to(tl.int32) << bits) | tl.load(
-            codes_ptr + (bg * 2 + 1) * cap + hn, mask=one, other=0).to(tl.int32)
-        # ordered before the move's atomics (a CTA barrier: the prefetched counts must not
-        # see them)
-        tl.debug_barrier()
-        # 2-3. histogram and buckets, lookup table, threshold
-        _bucket_move(codes_ptr, hist_row, histn_ptr, bkt_row, r, hn, bg, M, bits, cap, w0, CAPC, MP, DT, NC)
-        t1 = _stamp(TIMER)
-        if fast:
-            if one:
-                cnt += (cc == cmb).to(tl.int32)
-            elif w0 != hn:
-                tl.debug_barrier()  # every thread's atomics
-                cnt = tl.load(hist_row + cc, cache_modifier=".cg")
-            cnt, s = _combo_scores_m2(q0, cen0, q1, cen1, cnt, lut_row, K, bits, NC)
-            tl.debug_barrier()  # the buckets, the table, the weights' zeros: before any read or heavy one
-            t2 = _stamp(TIMER)
-        else:
-            _head_lut(q_ptr, cent_ptr, lut_row, q_sb, q_sh, b, h, bg, M, K, d_s, d_c, BLOCK_C, BLOCK_DS)
-            tl.debug_barrier()  # the atomics, the table, the weights' zeros: before any read or heavy one
-            t2 = _stamp(TIMER)
-            cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
-        t3 = _stamp(TIMER)
-        common = (init_offset >= s_sink) & (w0 >= k)
-        need = tl.minimum(k, w0)
-        lo, tot, big = _select_cut(cnt, s, w0, need, TP, CUTS)
-        t4 = _stamp(TIMER)
-        if common & (tot <= TP) & (big <= CAPC):
-            _gather_select(cnt, s, lo, tot, need, bkt_row, mark_ptr + r64 * TP, sl_row, w_row,
-                           s_sink, init_offset, CAPC, NC, TP, PDL)
-            done = tot <= TP
-            t_sure = lo  # unused: the pass over the codes below runs only in the other branch
-            t_maybe = lo
-        else:
-            t_sure, t_maybe, need = _rounds(cnt, s, need, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
-            done = _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_ptr + r64 * TP, sl_row,
-                                w_row, k, s_sink, init_offset, CAPC, NC, TP, PDL)
-        if done:
-            q = tl.arange(0, FT)
-            tl.store(sl_row + q, q.to(tl.int64), mask=q < s_sink)
-            for p0 in range(0, s_win, FT):
-                p = p0 + q
-                tl.store(sl_row + s_sink + k + p, (ws + p).to(tl.int64), mask=p < s_win)
-        else:
-            # pq_hist's emit: one pass over the row's codes
-            _zeros_written(PDL)
-            _row_pass(codes_ptr + bg * M * cap, lut_row, sl_row, w_row, cap, M, K, n, w0, k, s_sink, ws, init_offset,
-                      t_sure, t_maybe, need, MP, TILE)
+        t1, t2, t3, t4 = _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr,
+                                    mark_ptr, sl_row, w_row, r, r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c, cap,
+                                    CAPC, n, w0, k, s_sink, s_win, ws, init_offset, 0, MP, NC, NB, LEVELS, TILE, DT,
+                                    BLOCK_C, BLOCK_DS, TP, FT, CUTS, PDL, TIMER, False)
         tl.store(len_ptr + r64, total.to(tl.int64))
         if fill != 0:
             _ones_if_last(ready_ptr, r, sl_row, w_row, total, FT)

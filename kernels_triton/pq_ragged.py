@@ -17,7 +17,8 @@ S_b - window' - init_offset)``, ``k = min(heavy, n)`` and ``total_b``. A refused
 c, + NCH, .. < n`` of a long row their codes (``_nearest``: lowest ``c`` on ties, the
 spec's non-finite rule), written into ``codes u8 [B, H_kv, M, cap]``. A short row
 quantizes nothing. CTA ``(b*H_kv*M, 0)`` copies ``S_b`` to ``seen i64 [B]`` (the lengths
-the step ran with, for the host to read back) and checks the row (``1 <= S_b <= S_alloc``, ``0
+the step ran with, for the host to read back) and ``n_cached[b]`` to ``nc0 i64 [B]`` (the
+count the step began from, for a selection launch that also writes ``n_cached``) and checks the row (``1 <= S_b <= S_alloc``, ``0
 <= n_cached[b] <= max(0, S_b - init_offset)``), writes ``stat i32 [B]`` (1 valid, 0 not)
 and, for a bad row, adds 1 to ``err[0]`` and lowers ``err[1]`` to ``b`` (``err i32 [2]``,
 kept by the host: a count and the first bad row).
@@ -121,7 +122,7 @@ def _row_ok(S, nc, S_alloc, init_offset):
 
 @triton.jit
 def pq_rgq_kernel(
-    k_ptr, cent_ptr, phi_ptr, codes_ptr, lens_ptr, seen_ptr, nc_ptr, stat_ptr, err_ptr,  #
+    k_ptr, cent_ptr, phi_ptr, codes_ptr, lens_ptr, seen_ptr, nc_ptr, nc0_ptr, stat_ptr, err_ptr,  #
     k_sb, k_sh, k_ss,  #
     H_kv, M, K, d_s, cap, S_alloc, init_offset, metric_ip, hv_c, hv_r, NCH,  #
     BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
@@ -139,6 +140,7 @@ def pq_rgq_kernel(
     if (row % (H_kv * M) == 0) & (c == 0):
         tl.store(stat_ptr + b, ok.to(tl.int32))
         tl.store(seen_ptr + b, S)
+        tl.store(nc0_ptr + b, nc)
         if not ok:
             tl.atomic_add(err_ptr, 1, sem="relaxed")
             tl.atomic_min(err_ptr + 1, b, sem="relaxed")
@@ -408,7 +410,7 @@ def _rgq_args(qt):
     return (
         ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False), ptr("codes_ptr", "u8"),
         ptr("lens_ptr", "i64", False), ptr("seen_ptr", "i64", False), ptr("nc_ptr", "i64", False),
-        ptr("stat_ptr", "i32", False), ptr("err_ptr", "i32", False),
+        ptr("nc0_ptr", "i64", False), ptr("stat_ptr", "i32", False), ptr("err_ptr", "i32", False),
         i64("k_sb"), i64("k_sh"), i64("k_ss"),
         i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("cap", div16=True), i64("S_alloc"), i64("init_offset"),
         i32("metric_ip"), i64("hv_c"), f64("hv_r"), i32("NCH"),

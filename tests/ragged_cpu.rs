@@ -327,12 +327,14 @@ fn ragged_row_length_holds_every_total() {
     assert_eq!(ragged_row_len(&big, 4096), 4096);
 }
 
-/// The ragged step's path: the split histogram path wherever the combination histogram
-/// applies (`K^M <= 4096`, `M <= 4`, the decode-loop benchmark's reference config
-/// included) and its kernels are built, else the radix path; forcing the split path
-/// elsewhere is refused naming `K` and `M`; forcing the radix path is always allowed.
+/// The ragged step's path: the indexed path where its kernels are built and its
+/// conditions hold (`Ok(true)`), else the split histogram path wherever the combination
+/// histogram applies (`K^M <= 4096`, `M <= 4`, the decode-loop benchmark's reference
+/// config included) and its kernels are built, else the radix path; forcing the split
+/// path elsewhere is refused naming `K` and `M`, forcing the indexed path where it is not
+/// built returns the reason given; forcing the radix path is always allowed.
 #[test]
-fn ragged_path_follows_the_combination_histogram() {
+fn ragged_path_follows_the_kernels_and_the_histogram() {
     let reference = PqConfig::reference_workload(); // M = 2, bits = 6: 4096 combinations
     let m1_bits8 = PqConfig {
         pq_group_factor: 1,
@@ -344,22 +346,44 @@ fn ragged_path_follows_the_combination_histogram() {
         pq_bits: 3,
         ..cfg()
     };
+    let no_index = || {
+        Err(tritonrt::Error::invalid(
+            "ragged path",
+            "no pq_rgindex here",
+        ))
+    };
     for c in [cfg(), reference, m1_bits8, m4_bits3] {
         assert_eq!(
-            ragged_path(&c, true, None).unwrap(),
-            RaggedPath::Split,
+            ragged_path(&c, true, Ok(true), None).unwrap(),
+            RaggedPath::Index,
             "{c}"
         );
+        for index in [Ok(false), no_index()] {
+            assert_eq!(
+                ragged_path(&c, true, index, None).unwrap(),
+                RaggedPath::Split,
+                "{c}"
+            );
+        }
         assert_eq!(
-            ragged_path(&c, false, None).unwrap(),
+            ragged_path(&c, false, Ok(false), None).unwrap(),
             RaggedPath::Radix,
             "{c}"
         );
         assert_eq!(
-            ragged_path(&c, true, Some(RaggedPath::Radix)).unwrap(),
+            ragged_path(&c, true, Ok(true), Some(RaggedPath::Radix)).unwrap(),
             RaggedPath::Radix
         );
-        let e = ragged_path(&c, false, Some(RaggedPath::Split))
+        assert_eq!(
+            ragged_path(&c, true, Ok(false), Some(RaggedPath::Index)).unwrap(),
+            RaggedPath::Index,
+            "forced, the indexed path ignores its heavy and bucket conditions"
+        );
+        let e = ragged_path(&c, true, no_index(), Some(RaggedPath::Index))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no pq_rgindex here"), "{e}");
+        let e = ragged_path(&c, false, Ok(true), Some(RaggedPath::Split))
             .unwrap_err()
             .to_string();
         assert!(e.contains("pq_rgthresh"), "{e}");
@@ -375,11 +399,11 @@ fn ragged_path_follows_the_combination_histogram() {
     };
     for c in [m2_bits8, m8_bits1] {
         assert_eq!(
-            ragged_path(&c, true, None).unwrap(),
+            ragged_path(&c, true, no_index(), None).unwrap(),
             RaggedPath::Radix,
             "{c}"
         );
-        let e = ragged_path(&c, true, Some(RaggedPath::Split))
+        let e = ragged_path(&c, true, no_index(), Some(RaggedPath::Split))
             .unwrap_err()
             .to_string();
         assert!(
@@ -388,6 +412,7 @@ fn ragged_path_follows_the_combination_histogram() {
         );
     }
     assert_eq!(RaggedPath::Split.launches(), 3);
+    assert_eq!(RaggedPath::Index.launches(), 3);
     assert_eq!(RaggedPath::Radix.launches(), 8);
 }
 

@@ -1,9 +1,10 @@
-//! Ragged batches on the GPU (spec "Ragged batches"; the split histogram path,
-//! `kernels_triton/pq_rgsplit.py`, for configs the combination histogram takes, the
-//! radix path, `kernels_triton/pq_ragged.py`, for the others and where forced):
+//! Ragged batches on the GPU (spec "Ragged batches"; the indexed path,
+//! `kernels_triton/pq_rgindex.py`, and the split histogram path,
+//! `kernels_triton/pq_rgsplit.py`, each forced where the config allows it; the radix path,
+//! `kernels_triton/pq_ragged.py`, for the other configs and where forced):
 //! `GpuIndexer::step_ragged` / `step_ragged_device` against the CPU reference by the
 //! ragged checker, outputs poisoned first, each test asserting which path ran. Equal
-//! lengths give the fixed-`S` step's outputs bit for bit on both paths (well-separated
+//! lengths give the fixed-`S` step's outputs bit for bit on every path (well-separated
 //! inputs); lengths 1, `K`, the short threshold and `S_alloc` beside long rows; per-row
 //! `N_cached` and multi-token rows; ratio sizes and 16-bit weights; a decode loop replayed
 //! from one captured graph whose lengths change in a device buffer, rows over many emit
@@ -17,6 +18,7 @@ use std::sync::Arc;
 
 use tritonrt::pq::check::{CheckMode, CheckOptions};
 use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, KernelChoice, LaunchMode};
+use tritonrt::pq::plan::index_built_for;
 use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedOutput, RaggedPath};
 use tritonrt::pq::{DType, PqConfig, PqInputs, Shape, Size};
 use tritonrt::runtime::Runtime;
@@ -71,6 +73,27 @@ fn setup(rt: &Arc<Runtime>, c: &PqConfig, x: &RaggedInputs) -> (GpuIndexer, Devi
     let first = c.init_offset + x.n_cached.iter().copied().min().unwrap_or(0);
     let dev = DeviceInputs::upload_from(&stream, i, c, first).expect("upload");
     (ix, dev)
+}
+
+/// [`setup`] with the ragged path forced to `path`.
+fn setup_on(
+    rt: &Arc<Runtime>,
+    c: &PqConfig,
+    x: &RaggedInputs,
+    path: RaggedPath,
+) -> (GpuIndexer, DeviceInputs) {
+    let (mut ix, dev) = setup(rt, c, x);
+    ix.set_ragged_path(Some(path)).expect("force the path");
+    (ix, dev)
+}
+
+/// The histogram paths a config takes: indexed (where `pq_index` applies) and split.
+fn hist_paths(c: &PqConfig) -> Vec<RaggedPath> {
+    if index_built_for(c) {
+        vec![RaggedPath::Index, RaggedPath::Split]
+    } else {
+        vec![RaggedPath::Split]
+    }
 }
 
 fn ragged(c: &PqConfig, x: PqInputs, lens: &[usize], ncs: &[usize]) -> RaggedInputs {
@@ -173,7 +196,8 @@ fn equal_lengths_match_the_fixed_step_bit_for_bit() {
         let rx = ragged(&c, x, &vec![sh.s; sh.b], &vec![n; sh.b]);
         let split = name != "m4_bits6_bf16";
         let want = if split {
-            vec![RaggedPath::Split, RaggedPath::Radix]
+            // M <= 2, fp32, heavy 64: the indexed path by default
+            vec![RaggedPath::Index, RaggedPath::Split, RaggedPath::Radix]
         } else {
             vec![RaggedPath::Radix]
         };
@@ -232,25 +256,28 @@ fn short_and_long_rows_at_their_own_lengths() {
         })
         .collect();
     let n_max = *ncs.iter().max().unwrap();
-    for exact in [false, true] {
-        for mode in [LaunchMode::Launch, LaunchMode::Graph] {
-            let sh = shape(lens.len(), s_alloc);
-            let x = if exact {
-                PqInputs::small_integer(&c, sh, n_max, seed())
-            } else {
-                PqInputs::random(&c, sh, n_max, seed())
+    for path in hist_paths(&c) {
+        for exact in [false, true] {
+            for mode in [LaunchMode::Launch, LaunchMode::Graph] {
+                let sh = shape(lens.len(), s_alloc);
+                let x = if exact {
+                    PqInputs::small_integer(&c, sh, n_max, seed())
+                } else {
+                    PqInputs::random(&c, sh, n_max, seed())
+                }
+                .expect("inputs");
+                let rx = ragged(&c, x, &lens, &ncs);
+                let (mut ix, dev) = setup_on(&rt, &c, &rx, path);
+                let info = ix
+                    .step_ragged(dev.query(), dev.key(), &rx.seq_lens, mode)
+                    .expect("ragged step");
+                assert_eq!(info.path, path);
+                let out = ix.download_ragged().expect("download");
+                let what = format!("{path:?} exact {exact} {mode:?}");
+                assert_checked(&c, &rx, &out, exact, &what);
+                assert_eq!(out.n_cached[0], 0, "{what}: a short row quantizes nothing");
+                assert_eq!(out.n_cached[5], c.n_quantized(s_alloc), "{what}");
             }
-            .expect("inputs");
-            let rx = ragged(&c, x, &lens, &ncs);
-            let (mut ix, dev) = setup(&rt, &c, &rx);
-            let info = ix
-                .step_ragged(dev.query(), dev.key(), &rx.seq_lens, mode)
-                .expect("ragged step");
-            assert_eq!(info.path, RaggedPath::Split);
-            let out = ix.download_ragged().expect("download");
-            assert_checked(&c, &rx, &out, exact, &format!("exact {exact} {mode:?}"));
-            assert_eq!(out.n_cached[0], 0, "a short row quantizes nothing");
-            assert_eq!(out.n_cached[5], c.n_quantized(s_alloc));
         }
     }
 }
@@ -303,17 +330,22 @@ fn ratio_sizes_ip_and_16_bit_weights() {
         let n_max = *ncs.iter().max().unwrap();
         let x = PqInputs::random(&c, shape(lens.len(), s_alloc), n_max, seed()).expect("inputs");
         let rx = ragged(&c, x, &lens, &ncs);
-        let (mut ix, dev) = setup(&rt, &c, &rx);
-        let info = ix
-            .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Graph)
-            .expect(name);
-        assert_eq!(info.path, RaggedPath::Split, "{name}");
-        let out = ix.download_ragged().expect("download");
-        assert_checked(&c, &rx, &out, false, name);
+        // the indexed path forced where heavy is above what it takes by default (the
+        // ratio case: 400 at S_alloc): rows past its gather fall back to a pass
+        for path in hist_paths(&c) {
+            let what = format!("{name} ({path:?} path)");
+            let (mut ix, dev) = setup_on(&rt, &c, &rx, path);
+            let info = ix
+                .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Graph)
+                .expect(&what);
+            assert_eq!(info.path, path, "{what}");
+            let out = ix.download_ragged().expect("download");
+            assert_checked(&c, &rx, &out, false, &what);
+        }
     }
 }
 
-/// The start of a graph-replayed decode loop on the split path: random inputs with each row
+/// The start of a graph-replayed decode loop on `path`: random inputs with each row
 /// one key short of `starts[r]` (its count `n_quantized(starts[r] - 1)`, returned), the
 /// indexer holding them, and a lengths buffer of `B` entries on its stream.
 fn loop_start(
@@ -321,6 +353,7 @@ fn loop_start(
     c: &PqConfig,
     starts: &[usize],
     s_alloc: usize,
+    path: RaggedPath,
 ) -> (
     PqInputs,
     Vec<usize>,
@@ -333,13 +366,13 @@ fn loop_start(
     let n_max = *ncs.iter().max().unwrap();
     let x0 = PqInputs::random(c, sh, n_max, seed()).expect("inputs");
     let rx0 = ragged(c, x0.clone(), starts, &ncs);
-    let (ix, dev) = setup(rt, c, &rx0);
-    assert_eq!(ix.ragged_path().unwrap(), RaggedPath::Split);
+    let (ix, dev) = setup_on(rt, c, &rx0, path);
+    assert_eq!(ix.ragged_path().unwrap(), path);
     let dlens = ix.stream().alloc_zeros::<i64>(sh.b).expect("lens buffer");
     (x0, ncs, ix, dev, dlens)
 }
 
-/// A graph-replayed decode loop on the split path: each row starts one key short of
+/// A graph-replayed decode loop on `path`: each row starts one key short of
 /// `starts[r]` (its count `n_quantized(starts[r] - 1)`), grows by `grow(i, r)` keys before
 /// step `i > 0`; the lengths are written into a device buffer before each replay, the
 /// outputs poisoned, and every step checked against the CPU reference on the codes the
@@ -358,10 +391,11 @@ fn device_loop(
     c: &PqConfig,
     starts: &[usize],
     s_alloc: usize,
+    path: RaggedPath,
     steps: usize,
     grow: impl Fn(usize, usize) -> usize,
 ) -> DeviceLoop {
-    let (x0, ncs, mut ix, dev, mut dlens) = loop_start(rt, c, starts, s_alloc);
+    let (x0, ncs, mut ix, dev, mut dlens) = loop_start(rt, c, starts, s_alloc, path);
     let stream = ix.stream().clone();
     let mut lens = starts.to_vec();
     let mut prev_codes = (x0.codes.clone(), x0.n_cached);
@@ -379,6 +413,7 @@ fn device_loop(
         let info = ix
             .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
             .expect("step");
+        assert_eq!(info.path, path);
         captures += usize::from(info.captured);
         let out = ix.download_ragged().expect("download");
         check_loop_step(
@@ -388,7 +423,7 @@ fn device_loop(
             &mut prev_codes,
             &mut prev_nc,
             &out,
-            &format!("step {i} lens {lens:?}"),
+            &format!("{path:?} step {i} lens {lens:?}"),
         );
     }
     DeviceLoop {
@@ -413,29 +448,31 @@ fn graph_replay_with_lengths_in_a_device_buffer() {
     let starts = [1500usize, 60, 2200, 900];
     let steps = 6;
     let s_alloc = starts.iter().max().unwrap() + 4 * steps + 8;
-    let mut l = device_loop(&rt, &c, &starts, s_alloc, steps, |i, r| {
-        if (i + r) % 3 == 0 {
-            4
-        } else {
-            1
-        }
-    });
-    assert_eq!(l.captures, 1, "one graph for every length");
-    // a bad row in the buffer: refused on the device, reported by row and values
-    let mut bad: Vec<i64> = l.lens.iter().map(|&s| s as i64).collect();
-    bad[2] = s_alloc as i64 + 5;
-    let stream = l.ix.stream().clone();
-    stream.memcpy_htod(&bad, &mut l.dlens).expect("lengths");
-    l.ix.step_ragged_device(l.dev.query(), l.dev.key(), &l.dlens, LaunchMode::Graph)
-        .expect("step");
-    let e = l.ix.check_ragged_errors().unwrap_err().to_string();
-    assert!(
-        e.contains("row 2") && e.contains(&(s_alloc + 5).to_string()),
-        "{e}"
-    );
-    assert!(l.ix.check_ragged_errors().is_ok(), "the record is cleared");
-    // the other rows' counts did not move backwards; row 2's stayed
-    assert_eq!(l.ix.row_n_cached().unwrap(), l.n_cached);
+    for path in hist_paths(&c) {
+        let mut l = device_loop(&rt, &c, &starts, s_alloc, path, steps, |i, r| {
+            if (i + r) % 3 == 0 {
+                4
+            } else {
+                1
+            }
+        });
+        assert_eq!(l.captures, 1, "one graph for every length");
+        // a bad row in the buffer: refused on the device, reported by row and values
+        let mut bad: Vec<i64> = l.lens.iter().map(|&s| s as i64).collect();
+        bad[2] = s_alloc as i64 + 5;
+        let stream = l.ix.stream().clone();
+        stream.memcpy_htod(&bad, &mut l.dlens).expect("lengths");
+        l.ix.step_ragged_device(l.dev.query(), l.dev.key(), &l.dlens, LaunchMode::Graph)
+            .expect("step");
+        let e = l.ix.check_ragged_errors().unwrap_err().to_string();
+        assert!(
+            e.contains("row 2") && e.contains(&(s_alloc + 5).to_string()),
+            "{e}"
+        );
+        assert!(l.ix.check_ragged_errors().is_ok(), "the record is cleared");
+        // the other rows' counts did not move backwards; row 2's stayed
+        assert_eq!(l.ix.row_n_cached().unwrap(), l.n_cached);
+    }
 }
 
 /// More rows than one round of the threshold's default CTAs (34 x 8 = 272 rows: on GPUs of
@@ -450,65 +487,73 @@ fn more_rows_than_one_round_of_threshold_ctas() {
         .collect();
     let steps = 3;
     let s_alloc = starts.iter().max().unwrap() + steps + 8;
-    let l = device_loop(&rt, &c, &starts, s_alloc, steps, |_, _| 1);
-    assert_eq!(l.captures, 1, "one graph for every length");
+    for path in hist_paths(&c) {
+        let l = device_loop(&rt, &c, &starts, s_alloc, path, steps, |_, _| 1);
+        assert_eq!(l.captures, 1, "{path:?}: one graph for every length");
+    }
 }
 
-/// The split path's persistent state across a graph-replayed decode loop, outputs
+/// The histogram paths' persistent state (combination histograms, buckets, weight
+/// extents) across a graph-replayed decode loop, outputs
 /// poisoned only before the first step (later steps rely on the weights' extents): rows
 /// over several emit parts beside short ones; then rows' counts lowered
 /// (`set_row_n_cached`: row 0 to a third, a catch-up of thousands of keys, most of them
 /// candidates, at a shorter length; row 3 rewound by 10 keys and 10 positions), so the
-/// combination histograms must be reset on the device, while row 1 grows by 4 and row 2
+/// combination histograms (and buckets) must be reset on the device, while row 1 grows by 4 and row 2
 /// stays; then a decode step and a replay. Every step against the CPU reference on the
 /// codes and counts the previous step left; the graph captured once.
 #[test]
-fn lowered_counts_and_shrinking_rows_on_the_split_path() {
+fn lowered_counts_and_shrinking_rows() {
     let Some(rt) = runtime() else { return };
     let c = cfg();
     let starts = [8800usize, 60, 5000, 1200];
     let s_alloc = 9000;
-    let (x0, ncs, mut ix, dev, mut dlens) = loop_start(&rt, &c, &starts, s_alloc);
-    let stream = ix.stream().clone();
-    let mut lens = starts.to_vec();
-    let mut prev_codes = (x0.codes.clone(), x0.n_cached);
-    let mut prev_nc = ncs.clone();
-    let mut captures = 0;
-    for i in 0..5 {
-        match i {
-            1 | 3 => lens.iter_mut().for_each(|l| *l += 1),
-            2 => {
-                let mut lowered = prev_nc.clone();
-                lowered[0] /= 3;
-                lowered[3] -= 10;
-                ix.set_row_n_cached(&lowered).expect("lower the counts");
-                prev_nc = lowered;
-                lens[0] = 6000;
-                lens[1] += 4;
-                lens[3] -= 10;
+    for path in hist_paths(&c) {
+        let (x0, ncs, mut ix, dev, mut dlens) = loop_start(&rt, &c, &starts, s_alloc, path);
+        let stream = ix.stream().clone();
+        let mut lens = starts.to_vec();
+        let mut prev_codes = (x0.codes.clone(), x0.n_cached);
+        let mut prev_nc = ncs.clone();
+        let mut captures = 0;
+        for i in 0..5 {
+            match i {
+                1 | 3 => lens.iter_mut().for_each(|l| *l += 1),
+                2 => {
+                    let mut lowered = prev_nc.clone();
+                    lowered[0] /= 3;
+                    lowered[3] -= 10;
+                    ix.set_row_n_cached(&lowered).expect("lower the counts");
+                    prev_nc = lowered;
+                    lens[0] = 6000;
+                    lens[1] += 4;
+                    lens[3] -= 10;
+                }
+                _ => {}
             }
-            _ => {}
+            let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+            stream.memcpy_htod(&v, &mut dlens).expect("lengths");
+            let info = ix
+                .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+                .expect("step");
+            assert_eq!(info.path, path);
+            assert_eq!(info.launches, 3);
+            captures += usize::from(info.captured);
+            let out = ix.download_ragged().expect("download");
+            check_loop_step(
+                &c,
+                &x0,
+                &lens,
+                &mut prev_codes,
+                &mut prev_nc,
+                &out,
+                &format!("{path:?} step {i} lens {lens:?}"),
+            );
         }
-        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
-        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
-        let info = ix
-            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
-            .expect("step");
-        assert_eq!(info.path, RaggedPath::Split);
-        assert_eq!(info.launches, 3);
-        captures += usize::from(info.captured);
-        let out = ix.download_ragged().expect("download");
-        check_loop_step(
-            &c,
-            &x0,
-            &lens,
-            &mut prev_codes,
-            &mut prev_nc,
-            &out,
-            &format!("step {i} lens {lens:?}"),
+        assert_eq!(
+            captures, 1,
+            "{path:?}: one graph for every length and count"
         );
     }
-    assert_eq!(captures, 1, "one graph for every length and count");
 }
 
 /// Host-side refusals name the row and the values, and nothing is issued; a fixed-`S`

@@ -28,7 +28,7 @@ Examples:
   tritonrt bench                                  reference workload (B=1, H=32, S=32000)
   tritonrt bench --workload large                 B=4, S=131072
   tritonrt bench --sweep --json out.json          S = 4k .. 128k, machine-readable
-  tritonrt bench --matrix --json matrix.json      issue 26's matrix: practical, reference, large, heavy sweep
+  tritonrt bench --matrix --json matrix.json      the workload matrix: practical, reference, large, heavy sweep
   tritonrt bench --decode-loop --steps 200        ragged batch of 8 (2k..64k) from one graph vs uniform
 Every step quantizes one new key by default (codes cached for S - 1 - init_offset keys), as the
 upstream benchmark does; --new-keys N makes it N. Timings are medians after a warm-up.")]
@@ -93,7 +93,7 @@ pub struct BenchArgs {
     /// device's GPU time (CUDA events), with plain launches and with graph replay.
     #[arg(long, value_name = "LIST", conflicts_with_all = ["soak", "prefill", "save_inputs"])]
     pub devices: Option<String>,
-    /// Time the matrix of issue 26 in one run (`tritonrt::pq::matrix`): the spec's
+    /// Time the workload matrix in one run (`tritonrt::pq::matrix`): the spec's
     /// practical workloads ((M, bits) (2,6) (2,8) (4,8) at B=1 H=32 H_kv=8 S=32768 bf16,
     /// heavy 3020), the large practical one (B=4 S=131072, heavy 12851 and 12083), the
     /// reference and large workloads, and heavy 128/512/2048/8192 on the practical shape.
@@ -112,13 +112,14 @@ pub struct BenchArgs {
         requires = "matrix"
     )]
     pub matrix_rows: Vec<String>,
-    /// Time a ragged batch's decode loop (issue 21 item 3): B = 8 sequences of different
-    /// lengths (--seq-lens gives them; default 2048, 4096, 8192, 12288, 16384, 24576,
-    /// 32768, 65536) on the workload's config and heads, each step appending one key per
+    /// Time a ragged batch's decode loop: B = 8 sequences of different lengths
+    /// (--seq-lens gives them; default 2048, 4096, 8192, 12288, 16384, 24576, 32768,
+    /// 65536) on the workload's config and heads, each step appending one key per
     /// sequence and every 8th step 4 to one of them, replayed from one captured graph
     /// whose seq_lens live in a device buffer updated between replays; medians of wall
-    /// and GPU time per step over --steps, beside a uniform batch of the same total
-    /// length (the fixed-S step, and the ragged kernels at equal lengths).
+    /// and GPU time per step over --steps on the config's ragged path and its other
+    /// paths, beside a uniform batch of the same total length (the fixed-S step, and the
+    /// ragged kernels at equal lengths).
     #[arg(long, conflicts_with_all = ["soak", "prefill", "sweep", "devices", "matrix"])]
     pub decode_loop: bool,
     /// Run this kernel variant in place of the tuned or default one in the timed steps

@@ -153,6 +153,10 @@ fn run_ragged_gpu(
     )?;
     ix.import_codes(&x.codes, x.n_cached)?;
     ix.set_row_n_cached(&rx.n_cached)?;
+    if let Some(p) = a.ragged_path.forced() {
+        ix.set_ragged_path(Some(p))
+            .context("--ragged-path on this config")?;
+    }
     ix.poison_outputs()?;
     let first = cfg.init_offset + rx.n_cached.iter().copied().min().unwrap_or(0);
     let dev = DeviceInputs::upload_from(&stream, x, cfg, first)?;
@@ -204,6 +208,7 @@ fn ragged_kernels(path: RaggedPath) -> &'static str {
     match path {
         RaggedPath::Split => "pq_rgq, pq_rgthresh, pq_rgsemit",
         RaggedPath::Radix => "pq_rgq, pq_rglut, pq_rground x4, pq_rgcnt, pq_rgemit",
+        RaggedPath::Index => "pq_rgq, pq_rgwfill, pq_rgindex",
     }
 }
 
@@ -499,18 +504,23 @@ pub fn decode_loop(
         ragged.line()
     );
     drop(ix);
-    if path != RaggedPath::Radix {
-        // the same loop on the radix path (every config's), for comparison
-        let mut rx = loop_indexer(Some(RaggedPath::Radix))?;
-        let radix = time_ragged_loop(rt, &stream, warm, steps, &mut rx, &data, |i| {
+    // the same loop on the other paths this config has, for comparison
+    for alt in [RaggedPath::Split, RaggedPath::Radix] {
+        if alt == path {
+            continue;
+        }
+        let Ok(mut rx) = loop_indexer(Some(alt)) else {
+            continue; // not built for this config
+        };
+        let t = time_ragged_loop(rt, &stream, warm, steps, &mut rx, &data, |i| {
             lens_at(starts, i).iter().map(|&s| s as i64).collect()
         })?;
         rx.check_ragged_errors()
-            .context("the ragged decode loop (radix path) refused a row")?;
+            .with_context(|| format!("the ragged decode loop ({alt:?} path) refused a row"))?;
         say!(
-            "ragged, radix path ({}): {}",
-            ragged_kernels(RaggedPath::Radix),
-            radix.line()
+            "ragged, {alt:?} path ({}): {}",
+            ragged_kernels(alt),
+            t.line()
         );
     }
     drop(data);

@@ -98,7 +98,7 @@ pub struct RunArgs {
     /// A ragged batch (spec "Ragged batches"): each sequence's length S_b, comma-separated
     /// (B = their count; S_alloc = --seq-len, default the largest). Each row holds codes
     /// for S_b - 1 - init_offset keys (one new key; the short path's rows quantize
-    /// nothing). Runs the ragged kernels (pq_ragged.py) on the GPU (or the CPU reference)
+    /// nothing). Runs a ragged step (--ragged-path) on the GPU (or the CPU reference)
     /// and checks every row at its own length with the ragged checker. An --input file with a `seq_lens`
     /// tensor (and optionally `n_cached`) runs the same way.
     #[arg(long, value_delimiter = ',', value_name = "S_b,...", help_heading = "Inputs",
@@ -151,6 +151,10 @@ pub struct RunArgs {
     /// Select kernels of a step (the values name the kernels; `auto` picks per shape).
     #[arg(long, value_enum, default_value_t = SelectPathArg::Auto, help_heading = "Backend")]
     pub select_path: SelectPathArg,
+    /// Kernels of a ragged step (--seq-lens or an input with seq_lens; `auto`: the
+    /// config's, as the library chooses).
+    #[arg(long, value_enum, default_value_t = RaggedPathArg::Auto, help_heading = "Backend")]
+    pub ragged_path: RaggedPathArg,
     /// Quantize the step's new keys with `pq_quant` before the select kernel when there
     /// are more than this many [default: 1]; 0: always (to measure the threshold).
     #[arg(long, value_name = "N", help_heading = "Backend")]
@@ -660,6 +664,38 @@ pub enum SelectPathArg {
     IndexCompanion,
     /// `pq_wfill` writes the weights over every SM, then `pq_index`.
     IndexWfill,
+}
+
+/// `--ragged-path`: which kernels a ragged step runs after `pq_rgq` (ARCHITECTURE.md,
+/// "Ragged batches", says what each does and when `auto` takes it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RaggedPathArg {
+    /// The config's: indexed where it applies (M <= 2, K^M <= 4096, query dtype = weight
+    /// dtype, heavy at most 128 at S_alloc, buckets within budget), else split where the
+    /// combination histogram applies (K^M <= 4096, M <= 4), else radix.
+    Auto,
+    /// `pq_rgwfill` + `pq_rgindex`: each row's heavy keys gathered from per-combination
+    /// buckets (M <= 2, K^M <= 4096, query dtype = weight dtype).
+    Index,
+    /// `pq_rgthresh` + `pq_rgsemit`: each row's threshold from its combination
+    /// histogram, then the emit over many CTAs (K^M <= 4096, M <= 4).
+    Split,
+    /// `pq_rglut`, four `pq_rground`, `pq_rgcnt`, `pq_rgemit`: the exact threshold by
+    /// radix select (every config).
+    Radix,
+}
+
+impl RaggedPathArg {
+    /// The path to force, `None` for the config's.
+    pub fn forced(self) -> Option<pq::ragged::RaggedPath> {
+        use pq::ragged::RaggedPath as P;
+        match self {
+            RaggedPathArg::Auto => None,
+            RaggedPathArg::Index => Some(P::Index),
+            RaggedPathArg::Split => Some(P::Split),
+            RaggedPathArg::Radix => Some(P::Radix),
+        }
+    }
 }
 
 impl From<SelectPathArg> for pq::gpu::SelectPath {

@@ -194,6 +194,23 @@ pub(crate) struct RaggedKernels {
     /// The ragged split histogram path (`kernels_triton/pq_rgsplit.py`), where the
     /// combination histogram applies ([`hist_built_for`]) and its kernels are built.
     pub split: Option<RaggedSplitKernels>,
+    /// The ragged indexed path (`kernels_triton/pq_rgindex.py`), where the indexed path
+    /// applies ([`index_built_for`]) and its kernels are built.
+    pub index: Option<RaggedIndexKernels>,
+}
+
+/// The ragged step's indexed path (`kernels_triton/pq_rgindex.py`), after `pq_rgq`.
+pub(crate) struct RaggedIndexKernels {
+    /// `pq_rgindex.m2.q_<t>.w_<t>`: each row's selection gathered from its combination
+    /// buckets, grid `(B*H,)` (sm_90: `pq_rgwfill`'s programmatic dependent).
+    pub index: Arc<Kernel>,
+    /// `pq_rgwfill.w_<t>`: the rows' weights, grid `(B*H, cdiv(S_alloc, wfill_ch))`; none
+    /// where `pq_rgindex` has `PDL=0` (sm_80: each row CTA writes its own weights).
+    pub wfill: Option<Arc<Kernel>>,
+    /// `CH` of `pq_rgwfill` (weight positions per CTA).
+    pub wfill_ch: usize,
+    /// `TP` of `pq_rgindex` (gathered keys per row at most).
+    pub tp: usize,
 }
 
 /// The ragged step's split histogram path (`kernels_triton/pq_rgsplit.py`), after
@@ -443,8 +460,32 @@ impl Kernels {
                     }),
                     _ => None, // the radix ragged kernels serve
                 };
+                let index = if index_built_for(cfg) {
+                    match (
+                        ld.load_optional(&format!("pq_rgindex.m2.q_{qt}.w_{wt}"))?,
+                        ld.load_optional(&format!("pq_rgwfill.w_{wt}"))?,
+                    ) {
+                        (Some(ix), Some(fill)) => {
+                            let pdl = constexpr_usize(&ix, "PDL")? == 1;
+                            if pdl {
+                                // a pq_rgindex CTA must fit beside a pq_rgwfill CTA
+                                fill.prefer_shared_carveout()?;
+                            }
+                            Some(RaggedIndexKernels {
+                                tp: constexpr_usize(&ix, "TP")?,
+                                wfill_ch: constexpr_usize(&fill, "CH")?,
+                                wfill: pdl.then_some(fill),
+                                index: ix,
+                            })
+                        }
+                        _ => None, // the split path serves
+                    }
+                } else {
+                    None
+                };
                 Some(RaggedKernels {
                     split,
+                    index,
                     lut_block: constexpr_usize(&rglut, "BLOCK_C")?,
                     round_tile: constexpr_usize(&rground, "TILE")?,
                     emit_tile,

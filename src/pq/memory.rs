@@ -115,7 +115,8 @@ impl SelectSizes {
 /// histogram family's state where built; at the step's preparation the outputs, the
 /// lookup tables and scratch, the codes at capacity [`code_capacity`]`(S -
 /// init_offset)` (codes imported or grown from empty to the step's `n`; a state that
-/// grew by doubling holds up to twice that), the split flags, and the indexed path's
+/// grew by doubling holds up to twice that, never more than the keys of the indexer's
+/// `S`), the split flags, and the indexed path's
 /// buffers only where [`takes_index`] says the step takes it.
 pub fn state_bytes_for(
     cfg: &PqConfig,

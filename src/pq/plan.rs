@@ -57,7 +57,7 @@ pub const INDEX_BUCKET_BUDGET_BYTES: usize = 256 << 20;
 
 /// Code capacity per (batch, KV head, subvector), in keys, of a code state grown to hold
 /// `n` keys from empty: `n` rounded up to a multiple of 16, at least 16 (the indexer
-/// grows it to `max(n, 2 x old capacity)` rounded the same way).
+/// grows it to `max(n, min(2 x old capacity, the keys of S_alloc))` rounded the same way).
 pub fn code_capacity(n: usize) -> usize {
     n.max(16).div_ceil(16) * 16
 }

@@ -539,7 +539,7 @@ pub fn plan_ragged(
 }
 
 /// Which kernels a ragged step runs on the GPU (after `pq_rgq`, which quantizes each long
-/// row's new keys and checks the rows, on either path).
+/// row's new keys and checks the rows, on every path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RaggedPath {
     /// The split histogram path (`kernels_triton/pq_rgsplit.py`: `pq_rgthresh` +
@@ -554,27 +554,41 @@ pub enum RaggedPath {
     /// scoring every candidate again. Serves every config, so it is the path of those the
     /// histogram does not take (`K^M > 4096` or `M > 4`).
     Radix,
+    /// The indexed path (`kernels_triton/pq_rgindex.py`: `pq_rgwfill` + `pq_rgindex`,
+    /// three launches with `pq_rgq`; two on sm_80, where each row CTA writes its own
+    /// weights): each long row's heavy keys gathered from its combination buckets, as the
+    /// fixed-`S` indexed path (`pq_index`). Where that path applies
+    /// ([`crate::pq::plan::index_built_for`]: `M <= 2`, `K^M <= 4096`, query dtype =
+    /// weight dtype), `heavy_size` at `S_alloc` is at most half of what a row gathers
+    /// (`TP / 2`) and the buckets fit the indexer's budget, as the fixed-`S` `Auto` rule.
+    Index,
 }
 
 impl RaggedPath {
-    /// Kernel launches of one step on this path (`pq_rgq` included).
+    /// Kernel launches of one step on this path (`pq_rgq` included) on sm_90.
     pub fn launches(self) -> usize {
         match self {
-            RaggedPath::Split => 3,
+            RaggedPath::Split | RaggedPath::Index => 3,
             RaggedPath::Radix => 8,
         }
     }
 }
 
 /// The path of a ragged step for `cfg`: `forced` where given (for measurements and
-/// tests), else [`RaggedPath::Split`] where the combination histogram applies and its
-/// ragged kernels are built (`split_built`), else [`RaggedPath::Radix`].
+/// tests), else [`RaggedPath::Index`] where `index` is `Ok(true)` (`Ok`: its kernels are
+/// built; `true`: the heavy size and bucket conditions of [`RaggedPath::Index`] hold),
+/// else [`RaggedPath::Split`] where the
+/// combination histogram applies and its ragged kernels are built (`split_built`), else
+/// [`RaggedPath::Radix`].
 ///
 /// Errors: [`Error::Invalid`] when [`RaggedPath::Split`] is forced where the histogram
-/// does not apply to `cfg` (naming `K^M` and `M`) or its kernels are not built.
+/// does not apply to `cfg` (naming `K^M` and `M`) or its kernels are not built; `index`'s
+/// error when [`RaggedPath::Index`] is forced where its kernels are not built (forced, it
+/// ignores the heavy size and bucket conditions).
 pub fn ragged_path(
     cfg: &PqConfig,
     split_built: bool,
+    index: Result<bool>,
     forced: Option<RaggedPath>,
 ) -> Result<RaggedPath> {
     let hist = crate::pq::plan::hist_built_for(cfg);
@@ -593,7 +607,9 @@ pub fn ragged_path(
             "pq_rgthresh / pq_rgsemit are not in this ptx_cache (kernels_triton/pq_rgsplit.py; \
              rebuild with kernels_triton/build.py)",
         )),
+        Some(RaggedPath::Index) => index.map(|_| RaggedPath::Index),
         Some(p) => Ok(p),
+        None if matches!(index, Ok(true)) => Ok(RaggedPath::Index),
         None if hist && split_built => Ok(RaggedPath::Split),
         None => Ok(RaggedPath::Radix),
     }

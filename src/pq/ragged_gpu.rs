@@ -1,12 +1,27 @@
 //! Ragged steps on the GPU (spec "Ragged batches"): [`GpuIndexer::step_ragged`] and
 //! [`GpuIndexer::step_ragged_device`] run one step over `B` sequences at their own
 //! lengths `S_b <= S_alloc` (`S_alloc` the indexer's `shape().s`), each row with its own
-//! `N_cached[b]`, each row's selection spread over many CTAs (a CTA past its own row's
-//! parts exits at once), on one of two paths ([`RaggedPath`], chosen per config by
-//! [`ragged_path`]). Both start with
+//! `N_cached[b]`, on one of three paths ([`RaggedPath`], chosen per config by
+//! [`ragged_path`]). Every path starts with
 //!
 //! - `pq_rgq.k_<qt>`, grid `(B*H_kv*M, NCH)`: each long row's new keys' codes, and the
 //!   rows checked.
+//!
+//! **Index** (`kernels_triton/pq_rgindex.py`; where the fixed-`S` indexed path applies,
+//! `M <= 2`, `K^M <= 4096`, query dtype = weight dtype, with `heavy_size` at `S_alloc` at
+//! most `TP / 2` and the buckets within the indexer's budget), the fixed-`S` indexed path
+//! with per-row lengths:
+//!
+//! - `pq_rgwfill.w_<t>`, grid `(B*H, cdiv(S_alloc, CH))`: each row's sink and window ones
+//!   (every position of a short row) and zeros up to its weights' extent;
+//! - `pq_rgindex.m2.q_<t>.w_<t>`, grid `(B*H,)`, `pq_rgwfill`'s programmatic dependent:
+//!   each long row's buckets and combination histogram (`ihist` / `ihistn` / `bkt`,
+//!   shared with the fixed-`S` indexed path; recounted on the device where the row's count
+//!   was lowered below what they count) moved to its candidates, its heavy keys gathered
+//!   from the buckets near the top (a pass over its codes where they do not fit); short
+//!   rows list every position; every row its padding, length and weights' extent.
+//!   sm_80 has no programmatic dependent launch: no `pq_rgwfill`, each row CTA writes its
+//!   own weights first.
 //!
 //! **Split** (`kernels_triton/pq_rgsplit.py`; where the combination histogram applies,
 //! `K^M <= 4096` and `M <= 4`), the fixed-`S` split path with per-row lengths:
@@ -23,10 +38,10 @@
 //!   stale weights and pads its share of `sparse_list`; part 0 the length and the row's
 //!   `N_cached`.
 //!
-//! The weights' extent `wext i64 [B*H]` (how far each weight row may hold non-zeros)
-//! lets a step write each weight row up to its `S_b` and zero only what an earlier step
-//! left beyond it: a decode loop does not rewrite `S_alloc - S_b` zeros per row each
-//! step. It is set to `S_alloc` (unknown) whenever the buffer's contents are not the
+//! The weights' extent `wext i64 [B*H]` (how far each weight row may hold non-zeros; the
+//! indexed and split paths) lets a step write each weight row up to its `S_b` and zero
+//! only what an earlier step left beyond it: a decode loop does not rewrite `S_alloc -
+//! S_b` zeros per row each step. It is set to `S_alloc` (unknown) whenever the buffer's contents are not the
 //! ragged steps' own (first ragged use, [`GpuIndexer::poison_outputs`]).
 //!
 //! **Radix** (`kernels_triton/pq_ragged.py`; every config, the path of those the
@@ -93,6 +108,9 @@ pub(crate) struct RaggedState {
     seen: DevBuf<i64>,
     /// `i64 [B]`: each row's `N_cached` (the device's count is authoritative).
     ncached: DevBuf<i64>,
+    /// `i64 [B]`: each row's `N_cached` as the last step began (copied by `pq_rgq`; the
+    /// indexed path's reset test reads it, its launch writes `ncached`).
+    nc0: DevBuf<i64>,
     /// `i32 [B]`: whether each row's length and count were valid at the last step.
     stat: DevBuf<i32>,
     /// `i32 [2]`: rows refused on the device since the last check, and the first of them
@@ -137,6 +155,7 @@ impl RaggedState {
             lens_in: DevBuf::new(),
             seen: DevBuf::new(),
             ncached: DevBuf::new(),
+            nc0: DevBuf::new(),
             stat: DevBuf::new(),
             err: DevBuf::new(),
             lut: DevBuf::new(),
@@ -170,6 +189,7 @@ impl RaggedState {
         8 * (self.lens_in.len()
             + self.seen.len()
             + self.ncached.len()
+            + self.nc0.len()
             + self.rst.len()
             + self.wext.len()
             + self.wz.len())
@@ -234,7 +254,56 @@ impl GpuIndexer {
             .ragged
             .as_ref()
             .is_some_and(|rk| rk.split.is_some());
-        ragged_path(&self.state.cfg, built, self.ragged.forced)
+        ragged_path(
+            &self.state.cfg,
+            built,
+            self.ragged_index_fits(),
+            self.ragged.forced,
+        )
+    }
+
+    /// Whether the ragged indexed path's kernels are built for this config (`Ok`), and
+    /// whether `Auto` would take it (`Ok(true)`): `heavy_size` at `S_alloc` at most `TP /
+    /// 2` and the buckets (`B*H x 4096 x capc` i32 at the code capacity of `S_alloc`'s
+    /// keys) within the indexer's bucket budget, as the fixed-`S` rule
+    /// ([`crate::pq::plan::SelectPath::Auto`]).
+    ///
+    /// Errors: [`Error::Invalid`] naming what the path needs where it is not built.
+    fn ragged_index_fits(&self) -> Result<bool> {
+        let (cfg, sh) = (&self.state.cfg, &self.state.shape);
+        let ik = self
+            .kernels
+            .ragged
+            .as_ref()
+            .and_then(|rk| rk.index.as_ref())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "ragged path",
+                    format!(
+                        "the indexed ragged path needs M <= 2, K^M <= {}, query dtype = \
+                         weight dtype (this config: M = {}, K = {}, {:?} / {:?}) and \
+                         pq_rgindex / pq_rgwfill in the ptx_cache \
+                         (kernels_triton/pq_rgindex.py)",
+                        crate::pq::kernels::HIST_COMBOS,
+                        cfg.m(),
+                        cfg.k_centroids(),
+                        cfg.input_dtype,
+                        cfg.weight_dtype
+                    ),
+                )
+            })?;
+        let cap = self
+            .state
+            .cap
+            .max(crate::pq::plan::code_capacity(cfg.n_quantized(sh.s)));
+        let budget = self
+            .facts
+            .index
+            .map_or(crate::pq::plan::INDEX_BUCKET_BUDGET_BYTES, |ix| {
+                ix.bucket_budget
+            });
+        Ok(cfg.heavy_at(sh.s) <= ik.tp / 2
+            && crate::pq::plan::index_bucket_bytes(sh.b * sh.h, cap) <= budget)
     }
 
     /// Mark every weight row's contents unknown to the ragged split path (its next step
@@ -535,6 +604,7 @@ impl GpuIndexer {
         let r = &mut self.ragged;
         r.lens_in.ensure(&st, sh.b)?;
         r.seen.ensure(&st, sh.b)?;
+        r.nc0.ensure(&st, sh.b)?;
         r.stat.ensure(&st, sh.b)?;
         r.lut.ensure(&st, rows * cfg.m() * cfg.k_centroids())?;
         r.rst.ensure(&st, rows * 8)?;
@@ -547,10 +617,9 @@ impl GpuIndexer {
             .as_ref()
             .and_then(|rk| rk.split.as_ref())
             .map(|sp| sp.tile);
-        let mut new_wext = false;
+        let new_wext = r.wext.is_empty();
+        r.wext.ensure(&st, rows)?;
         if let Some(tile) = split_tile {
-            new_wext = r.wext.is_empty();
-            r.wext.ensure(&st, rows)?;
             r.wz.ensure(&st, rows * 2)?;
             let parts = ragged_split_parts(sh.s, cfg.init_offset, tile);
             self.state.split_flag.ensure(&st, rows * parts)?;
@@ -576,6 +645,11 @@ impl GpuIndexer {
             self.ragged.ncached.ensure(&st, sh.b)?;
             let held = vec![self.state.n_cached; sh.b];
             self.upload_counts(&held)?;
+        }
+        if self.ragged_path()? == RaggedPath::Index {
+            // the buckets, their counts and marks at S_alloc (codes grown above)
+            self.state
+                .ensure_buffers(&self.kernels, &self.arg_order, true, sh.s)?;
         }
         Ok(())
     }
@@ -640,6 +714,7 @@ impl GpuIndexer {
         let launches = match path {
             RaggedPath::Split => self.ragged_split_launches(query, key, lens)?,
             RaggedPath::Radix => self.ragged_launches(query, key, lens)?,
+            RaggedPath::Index => self.ragged_index_launches(query, key, lens)?,
         };
         let info = RaggedInfo {
             s_alloc: sh.s,
@@ -660,6 +735,7 @@ impl GpuIndexer {
                     lens.addr(),
                     r.seen.ptr(),
                     r.ncached.ptr(),
+                    r.nc0.ptr(),
                     r.stat.ptr(),
                     r.err.ptr(),
                     r.lut.ptr(),
@@ -825,7 +901,6 @@ impl GpuIndexer {
             ("need_ptr", KernelArg::Buf(st.split_need.buf())),
             ("flag_ptr", KernelArg::Buf(st.split_flag.buf())),
             ("ctr_ptr", KernelArg::Buf(st.split_ctr.buf())),
-            ("wext_ptr", KernelArg::Buf(r.wext.buf())),
             ("wz_ptr", KernelArg::Buf(r.wz.buf())),
             ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
             ("NP", i32_arg("emit parts per row", parts)?),
@@ -879,6 +954,77 @@ impl GpuIndexer {
         ])
     }
 
+    /// The indexed path's launches over the lengths in `lens`: `pq_rgq`, `pq_rgwfill`
+    /// (where built: sm_90), `pq_rgindex`.
+    fn ragged_index_launches(
+        &self,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        lens: DeviceBuf,
+    ) -> Result<Vec<Launch>> {
+        let ik = self.ragged_kernels()?.index.as_ref().ok_or_else(|| {
+            Error::invalid("ragged step", "pq_rgindex / pq_rgwfill are not built")
+        })?;
+        let st = &self.state;
+        let (cfg, sh) = (&st.cfg, &st.shape);
+        let rows = sh.b * sh.h;
+        let mut named = self.ragged_args(query, key, lens)?;
+        named.extend([
+            ("hist_ptr", KernelArg::Buf(st.ihist.buf())),
+            ("histn_ptr", KernelArg::Buf(st.ihistn.buf())),
+            ("lvl_ptr", KernelArg::Buf(st.hist_lvl.buf())),
+            ("bkt_ptr", KernelArg::Buf(st.bkt.buf())),
+            ("mark_ptr", KernelArg::Buf(st.mark.buf())),
+            ("CAPC", i32_arg("bucket capacity", st.capc)?),
+            ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
+        ]);
+        let rows32 = u32::try_from(rows)
+            .ok()
+            .filter(|&x| x <= i32::MAX as u32)
+            .ok_or_else(|| {
+                Error::invalid("ragged grid", format!("B*H = {rows} beyond the grid"))
+            })?;
+        let chunks = u32::try_from(sh.s.div_ceil(ik.wfill_ch).max(1))
+            .ok()
+            .filter(|&x| x <= 65535)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "ragged grid",
+                    format!("S_alloc = {} needs too many weight-fill CTAs a row", sh.s),
+                )
+            })?;
+        // Bounds: ensure_ragged sized lens_in/seen/ncached/nc0 (i64) and stat (i32) for B
+        // rows, err for 2, the lookup table for B*H x M x K, wext for B*H, sparse_list for
+        // B*H x T (a row's entries below total_b <= T, padding masked to ranks < T), weight
+        // for B*H x S_alloc elements (fill stores below max(S_b, wext) <= S_alloc: wext is
+        // S_alloc or an earlier S_b; heavy ones at positions < S_b), grew the codes to cap
+        // >= S_alloc - init_offset keys, and (ensure_buffers with the indexed path) ihist
+        // (B*H x HIST_COMBOS), ihistn (B*H), the marks (B*H x TP), the buckets (B*H x
+        // HIST_COMBOS x capc; slots stored below CAPC = capc only); DeviceState::new sized
+        // the level bins (B*H x HIST_LEVEL_BINS). The caller vouched (check_extent) for
+        // query [B, H, 1, D] and key [B, H_kv, S_alloc, D] and the lengths buffer holds >=
+        // B i64. Ordering: pq_rgq writes codes n_cached[b] .. n, stat and nc0 before
+        // pq_rgwfill starts (stream order) and so before pq_rgindex, its programmatic
+        // dependent, starts; pq_rgindex reads wext's old value nowhere before its
+        // griddepcontrol.wait (pq_rgwfill complete) and writes ncached, which no CTA of
+        // its launch reads (the reset test reads nc0). sm_80: no pq_rgwfill, each
+        // pq_rgindex CTA writes its own row's weights first.
+        let mut launches = vec![self.rgq_launch(&named)?];
+        if let Some(fill) = &ik.wfill {
+            launches.push(Launch {
+                kernel: fill.clone(),
+                grid: [rows32, chunks, 1],
+                args: self.arg_order.args(fill, &named, true)?,
+            });
+        }
+        launches.push(Launch {
+            kernel: ik.index.clone(),
+            grid: [rows32, 1, 1],
+            args: self.arg_order.args(&ik.index, &named, true)?,
+        });
+        Ok(launches)
+    }
+
     /// The arguments every ragged kernel takes its own from, by name: the tensors, the
     /// code state, the ragged buffers, the outputs, strides, shape and config integers,
     /// the sizes as (count, ratio) pairs.
@@ -916,6 +1062,8 @@ impl GpuIndexer {
             ),
             ("seen_ptr", KernelArg::Buf(r.seen.buf())),
             ("nc_ptr", KernelArg::Buf(r.ncached.buf())),
+            ("nc0_ptr", KernelArg::Buf(r.nc0.buf())),
+            ("wext_ptr", KernelArg::Buf(r.wext.buf())),
             ("stat_ptr", KernelArg::Buf(r.stat.buf())),
             ("err_ptr", KernelArg::Buf(r.err.buf())),
             ("sl_ptr", KernelArg::Buf(st.sparse_list.buf())),

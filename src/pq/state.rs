@@ -241,12 +241,15 @@ impl DeviceState {
 
     /// Grow the code state to hold at least `n` keys per (batch, KV head, subvector),
     /// keeping the `N_cached` codes (re-laid out on the device, synchronously; only on
-    /// growth).
+    /// growth). It grows to twice its capacity where that is more, but never past the
+    /// keys of the shape's `S` (`S_alloc`, the longest sequence it serves): the indexed
+    /// path's buckets are sized from this capacity.
     pub fn grow_codes(&mut self, kernels: &Kernels, order: &ArgOrder, n: usize) -> Result<()> {
         if n <= self.cap {
             return Ok(());
         }
-        let new_cap = code_capacity(n.max(self.cap * 2));
+        let most = self.cfg.n_quantized(self.shape.s);
+        let new_cap = code_capacity(n.max((self.cap * 2).min(most)));
         let (b, h_kv, m) = (self.shape.b, self.shape.h_kv, self.cfg.m());
         let mut next: DevBuf<u8> = DevBuf::new();
         next.ensure(&self.stream, b * h_kv * m * new_cap)?;
