@@ -9,8 +9,8 @@
 //! `N_cached` and multi-token rows; ratio sizes and 16-bit weights; a decode loop replayed
 //! from one captured graph whose lengths change in a device buffer, rows over many emit
 //! parts; more rows than one round of threshold CTAs; rows whose counts are lowered
-//! mid-loop (the histogram reset on the device) and whose lengths shrink; refusals naming
-//! the row. Skips with a visible message without a GPU.
+//! mid-loop (the histogram reset on the device) and whose lengths shrink; the path
+//! switched between steps of one loop; refusals naming the row. Skips with a visible message without a GPU.
 
 mod common;
 
@@ -552,6 +552,80 @@ fn lowered_counts_and_shrinking_rows() {
         assert_eq!(
             captures, 1,
             "{path:?}: one graph for every length and count"
+        );
+    }
+}
+
+/// The path switched between steps of one decode loop (indexed, split, indexed, split),
+/// with rows rewound and their keys past the new count replaced (negated) while the other
+/// path ran: each histogram path keeps its own counts, which the other does not maintain,
+/// so a switch must count every row anew. Every step against the CPU reference on the
+/// keys, codes and counts the previous step left.
+#[test]
+fn switching_paths_between_steps() {
+    let Some(rt) = runtime() else { return };
+    let c = cfg();
+    if !index_built_for(&c) {
+        return;
+    }
+    let starts = [3000usize, 1800, 2500];
+    let (mut x, ncs, mut ix, mut dev, mut dlens) =
+        loop_start(&rt, &c, &starts, 3100, RaggedPath::Index);
+    let stream = ix.stream().clone();
+    let mut lens = starts.to_vec();
+    let mut prev_codes = (x.codes.clone(), x.n_cached);
+    let mut prev_nc = ncs;
+    let paths = [
+        RaggedPath::Index,
+        RaggedPath::Split,
+        RaggedPath::Index,
+        RaggedPath::Split,
+    ];
+    for (i, path) in paths.into_iter().enumerate() {
+        ix.set_ragged_path(Some(path)).expect("switch the path");
+        if i == 1 || i == 3 {
+            // rows 0 and 2 rewound by 40 and 5 keys, their keys from there replaced
+            let mut lowered = prev_nc.clone();
+            lowered[0] -= 40;
+            lowered[2] -= 5;
+            ix.set_row_n_cached(&lowered).expect("lower the counts");
+            let sh = x.shape;
+            for (b, &n) in lowered.iter().enumerate().filter(|&(b, _)| b != 1) {
+                for g in 0..sh.h_kv {
+                    let row = (b * sh.h_kv + g) * sh.s;
+                    for p in c.init_offset + n..sh.s {
+                        for v in &mut x.key[(row + p) * sh.d..(row + p + 1) * sh.d] {
+                            *v = -*v;
+                        }
+                    }
+                }
+            }
+            let first = c.init_offset + lowered.iter().copied().min().unwrap();
+            dev = DeviceInputs::upload_from(&stream, &x, &c, first).expect("upload");
+            prev_nc = lowered;
+            // row 0 longer than before: its count passes what the switched-from path's
+            // histogram counted, though 8 of those codes were rewritten
+            lens[0] += 10;
+            lens[1] += 3;
+            lens[2] += 4;
+        } else {
+            lens.iter_mut().for_each(|l| *l += 2);
+        }
+        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
+        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
+        let info = ix
+            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
+            .expect("step");
+        assert_eq!(info.path, path);
+        let out = ix.download_ragged().expect("download");
+        check_loop_step(
+            &c,
+            &x,
+            &lens,
+            &mut prev_codes,
+            &mut prev_nc,
+            &out,
+            &format!("{path:?} step {i} lens {lens:?}"),
         );
     }
 }

@@ -210,6 +210,20 @@ fn size_args(v: Size) -> (i64, f64) {
     }
 }
 
+/// A grid extent: `v` (what `what` names) as a `u32` no larger than `max` (the driver's
+/// limit for that dimension: `i32::MAX` for x, 65535 for y and z).
+///
+/// Errors: [`Error::Invalid`] naming `what` and `v` where it is larger.
+fn grid_dim(what: &str, v: usize, max: usize) -> Result<u32> {
+    u32::try_from(v)
+        .ok()
+        .filter(|&x| (x as usize) <= max)
+        .ok_or_else(|| Error::invalid("ragged grid", format!("{what} = {v} beyond the grid")))
+}
+
+/// The largest grid x extent a launch takes.
+const GRID_X: usize = i32::MAX as usize;
+
 fn drv(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| crate::driver::device::driver_err(what, e)
 }
@@ -229,16 +243,28 @@ impl GpuIndexer {
     }
 
     /// Run later ragged steps on `path` (`None`: the config's, [`ragged_path`]); for
-    /// measurements and tests (the radix path serves every config).
+    /// measurements and tests (the radix path serves every config). Where the path
+    /// changes after ragged steps ran, the next step counts every row's combination
+    /// histogram anew (stream-ordered zeroing: each histogram path keeps its own counts).
     ///
     /// Errors: [`Error::Invalid`] where the split path is asked for a config the
-    /// combination histogram does not take, or its kernels are not built.
+    /// combination histogram does not take, or the indexed or split path where its
+    /// kernels are not built (the path in force stays); driver errors.
     pub fn set_ragged_path(&mut self, path: Option<RaggedPath>) -> Result<()> {
-        self.ragged.forced = path;
+        let before = self.ragged_path().ok();
+        let old = std::mem::replace(&mut self.ragged.forced, path);
         match self.ragged_path() {
-            Ok(_) => Ok(()),
+            Ok(now) => {
+                if self.ragged.active && before != Some(now) {
+                    // each histogram path keeps its own persistent counts, which the other
+                    // path's steps do not maintain (a row rewound and quantized again in
+                    // between): the next step counts every row anew
+                    self.state.reset_hist()?;
+                }
+                Ok(())
+            }
             Err(e) => {
-                self.ragged.forced = None;
+                self.ragged.forced = old;
                 Err(e)
             }
         }
@@ -786,20 +812,15 @@ impl GpuIndexer {
                 .max(1);
         let np = sh.s.div_ceil(rk.emit_tile).max(1);
         let lut_blocks = k.div_ceil(rk.lut_block);
-        let grid = |what: &str, v: usize, max: usize| {
-            u32::try_from(v)
-                .ok()
-                .filter(|&x| (x as usize) <= max)
-                .ok_or_else(|| {
-                    Error::invalid("ragged grid", format!("{what} = {v} beyond the grid"))
-                })
-        };
-        let rows = grid("B*H", rows, i32::MAX as usize)?;
+        let rows = grid_dim("B*H", rows, GRID_X)?;
         let (parts, np) = (
-            grid("round parts", parts, 65535)?,
-            grid("emit parts", np, 65535)?,
+            grid_dim("round parts", parts, 65535)?,
+            grid_dim("emit parts", np, 65535)?,
         );
-        let (m32, lut_blocks) = (grid("M", m, 65535)?, grid("K blocks", lut_blocks, 65535)?);
+        let (m32, lut_blocks) = (
+            grid_dim("M", m, 65535)?,
+            grid_dim("K blocks", lut_blocks, 65535)?,
+        );
         let mut named = named.to_vec();
         named.push(("NP", KernelArg::I32(np as i32)));
         // Bounds: ensure_ragged sized lens_in/seen/ncached (i64) and stat (i32) for B
@@ -864,12 +885,7 @@ impl GpuIndexer {
     fn rgq_launch(&self, named: &[(&str, KernelArg)]) -> Result<Launch> {
         let rk = self.ragged_kernels()?;
         let qrows = self.state.shape.b * self.state.shape.h_kv * self.state.cfg.m();
-        let qrows = u32::try_from(qrows)
-            .ok()
-            .filter(|&x| x <= i32::MAX as u32)
-            .ok_or_else(|| {
-                Error::invalid("ragged grid", format!("B*H_kv*M = {qrows} beyond the grid"))
-            })?;
+        let qrows = grid_dim("B*H_kv*M", qrows, GRID_X)?;
         Ok(Launch {
             kernel: rk.rgq.clone(),
             grid: [qrows, self.ragged.quant_ctas as u32, 1],
@@ -905,19 +921,12 @@ impl GpuIndexer {
             ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
             ("NP", i32_arg("emit parts per row", parts)?),
         ]);
-        let rows32 = u32::try_from(rows)
-            .ok()
-            .filter(|&x| x <= i32::MAX as u32)
-            .ok_or_else(|| {
-                Error::invalid("ragged grid", format!("B*H = {rows} beyond the grid"))
-            })?;
-        let ctas = rows
-            .checked_mul(parts)
-            .and_then(|v| u32::try_from(v).ok())
-            .filter(|&x| x <= i32::MAX as u32)
-            .ok_or_else(|| {
-                Error::invalid("ragged grid", format!("{rows} rows x {parts} emit parts"))
-            })?;
+        let rows32 = grid_dim("B*H", rows, GRID_X)?;
+        let ctas = grid_dim(
+            &format!("{rows} rows x {parts} emit parts"),
+            rows.saturating_mul(parts),
+            GRID_X,
+        )?;
         // Bounds: ensure_ragged sized lens_in/seen/ncached (i64) and stat (i32) for B rows,
         // err for 2, the lookup table for B*H x M x K, wext for B*H, wz for B*H x 2,
         // split_flag for B*H x NP (NP = ragged_split_parts(S_alloc, init_offset, TILE), the
@@ -978,21 +987,12 @@ impl GpuIndexer {
             ("CAPC", i32_arg("bucket capacity", st.capc)?),
             ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
         ]);
-        let rows32 = u32::try_from(rows)
-            .ok()
-            .filter(|&x| x <= i32::MAX as u32)
-            .ok_or_else(|| {
-                Error::invalid("ragged grid", format!("B*H = {rows} beyond the grid"))
-            })?;
-        let chunks = u32::try_from(sh.s.div_ceil(ik.wfill_ch).max(1))
-            .ok()
-            .filter(|&x| x <= 65535)
-            .ok_or_else(|| {
-                Error::invalid(
-                    "ragged grid",
-                    format!("S_alloc = {} needs too many weight-fill CTAs a row", sh.s),
-                )
-            })?;
+        let rows32 = grid_dim("B*H", rows, GRID_X)?;
+        let chunks = grid_dim(
+            "weight-fill CTAs a row",
+            sh.s.div_ceil(ik.wfill_ch).max(1),
+            65535,
+        )?;
         // Bounds: ensure_ragged sized lens_in/seen/ncached/nc0 (i64) and stat (i32) for B
         // rows, err for 2, the lookup table for B*H x M x K, wext for B*H, sparse_list for
         // B*H x T (a row's entries below total_b <= T, padding masked to ranks < T), weight
