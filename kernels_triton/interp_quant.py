@@ -95,13 +95,19 @@ def run(rng, dtype, split16, metric_ip, ctas):
     prep = Arr(np.full(rows * 3 * K * d_s, 0x7FC0, np.uint16), "bfloat16")  # NaN where not written
     cn = Arr(np.full(rows * K, np.nan, np.float32))
     cprep = next(k for k in KERNELS if k.name == "pq_cprep")
-    pq_cprep_kernel[((K + 63) // 64, rows)](Arr(cent), prep, cn, K, d_s, metric_ip, num_warps=4, **cprep.fixed)
+    pq_cprep_kernel[((K + 63) // 64, rows)](Arr(cent), prep, cn, K, d_s, metric_ip, 1, num_warps=4, **cprep.fixed)
     want_cn = (cent.astype(np.float64)**2).sum(-1).reshape(-1)
     if not np.allclose(cn.a, want_cn, rtol=1e-6):
         sys.exit(f"pq_cprep: norms differ from float64 by up to {np.abs(cn.a - want_cn).max()}")
     parts = (prep.a.astype(np.uint32) << 16).view(np.float32).reshape(rows, 3, K, d_s)
     if not np.array_equal(parts.sum(1, dtype=np.float64), cent.reshape(rows, K, d_c)[:, :, :d_s].astype(np.float64)):
         sys.exit("pq_cprep: the three bf16 terms do not sum to the centroids exactly")
+    # split = 0 (keys other than bf16): the norms alone, the split untouched
+    prep0 = Arr(np.full(rows * 3 * K * d_s, 0x7FC0, np.uint16), "bfloat16")
+    cn0 = Arr(np.full(rows * K, np.nan, np.float32))
+    pq_cprep_kernel[((K + 63) // 64, rows)](Arr(cent), prep0, cn0, K, d_s, metric_ip, 0, num_warps=4, **cprep.fixed)
+    if not np.array_equal(cn0.a, cn.a) or not np.all(prep0.a == 0x7FC0):
+        sys.exit("pq_cprep with split = 0: norms differ or the split was written")
     pq_quant_kernel[(ctas, rows)](k_arr, Arr(cent), Arr(phi), prep, cn, c_arr, H_kv * S_alloc * D, S_alloc * D, D,
                                   H_kv, M, K, d_s, pos0, t0, n_new, cap, metric_ip, BLOCK_N=64, SPLIT16=split16,
                                   num_warps=8, **FIXED)

@@ -66,14 +66,16 @@ SAFE = tl.constexpr(1e18)
 
 
 @triton.jit
-def pq_cprep_kernel(cent_ptr, prep_ptr, cn_ptr, K, d_s, metric_ip, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+def pq_cprep_kernel(cent_ptr, prep_ptr, cn_ptr, K, d_s, metric_ip, split, BLOCK_C: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
     """What ``pq_quant_kernel`` needs of the constant centroids, made once per indexer.
     Grid ``(cdiv(K, BLOCK_C), rows)``, ``rows = B*H_kv*M``: ``cn[row, c] = ||c||^2`` over
     its ``d_c = d_s + metric_ip`` coordinates (f32 products rounded, ``_mul_rn``; NaN /
-    inf stay, for ``pq_quant_kernel``'s test against ``SAFE``) and ``prep[row, i, c, :]``
-    (bf16 ``[rows, 3, K, d_s]``) the three-term bf16 split of its first ``d_s``
-    coordinates: ``c = c1 + c2 + c3`` exactly where finite (24 mantissa bits, f32's
-    exponent range)."""
+    inf stay, for ``pq_quant_kernel``'s test against ``SAFE``) and, where ``split`` (bf16
+    keys: only the ``SPLIT16`` builds read it), ``prep[row, i, c, :]`` (bf16 ``[rows, 3, K,
+    d_s]``) the three-term bf16 split of its first ``d_s`` coordinates: ``c = c1 + c2 +
+    c3`` exactly where finite (24 mantissa bits, f32's exponent range). With ``split = 0``
+    ``prep`` is not written (any pointer)."""
     cb = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     d_c = d_s + metric_ip
@@ -89,7 +91,7 @@ def pq_cprep_kernel(cent_ptr, prep_ptr, cn_ptr, K, d_s, metric_ip, BLOCK_C: tl.c
         r1 = c - c1.to(tl.float32)
         c2 = r1.to(tl.bfloat16)
         c3 = (r1 - c2.to(tl.float32)).to(tl.bfloat16)
-        pm = cmask[:, None] & (offs_d < d_s)[None, :]
+        pm = cmask[:, None] & (offs_d < d_s)[None, :] & (split != 0)
         pb = prep_ptr + (row * 3 * K + offs_c[:, None]) * d_s + offs_d[None, :]
         tl.store(pb, c1, mask=pm)
         tl.store(pb + K * d_s, c2, mask=pm)
@@ -242,7 +244,7 @@ def _sm90(qt, aligned):
 KERNELS = [
     Kernel(name="pq_cprep", fn=pq_cprep_kernel,
            args=(ptr("cent_ptr", "fp32"), ptr("prep_ptr", "bf16"), ptr("cn_ptr", "fp32"), i32("K"), i32("d_s"),
-                 i32("metric_ip")),
+                 i32("metric_ip"), i32("split")),
            fixed={"BLOCK_C": 64, "BLOCK_D": 32}, variants={80: single({}, 4, 1), 90: single({}, 4, 1)}),
 ]
 for _qt in DTYPES:

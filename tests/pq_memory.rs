@@ -151,11 +151,22 @@ fn reference_and_large_keep_their_buckets() {
     };
     let sh = r.shape();
     let e = predicted(&r.config(), &sh, SelectPath::Auto).codebook;
-    let split_and_norms = 32 * 2 * 64 * (3 * 64 * 2 + 4);
-    assert_eq!(e, 32 * 2 * 64 * 64 * 4 + 4 + split_and_norms);
+    // fp32 keys: the centroids' norms and one unwritten element of bf16 split (only the
+    // bf16-key builds of pq_quant read the split)
+    let norms = 32 * 2 * 64 * 4;
+    assert_eq!(e, 32 * 2 * 64 * 64 * 4 + 4 + norms + 2);
     assert_eq!(
         predicted(&ip, &sh, SelectPath::Auto).codebook,
-        32 * 2 * 64 * 65 * 4 + 32 * 2 * 4 + split_and_norms
+        32 * 2 * 64 * 65 * 4 + 32 * 2 * 4 + norms + 2
+    );
+    let bf16 = PqConfig {
+        input_dtype: tritonrt::pq::DType::BF16,
+        weight_dtype: tritonrt::pq::DType::BF16,
+        ..r.config()
+    };
+    assert_eq!(
+        predicted(&bf16, &sh, SelectPath::Auto).codebook,
+        32 * 2 * 64 * 64 * 4 + 4 + norms + 32 * 2 * 3 * 64 * 64 * 2
     );
     let short = predicted(&r.config(), &Shape { s: 300, ..sh }, SelectPath::Auto);
     assert_eq!((short.buckets, short.index, short.codes), (0, 0, 4));

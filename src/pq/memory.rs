@@ -130,17 +130,18 @@ pub fn state_bytes_for(
     let (m, k) = (cfg.m(), cfg.k_centroids());
     // DevBuf::ensure allocates at least one element
     let n_of = |elems: usize, size: usize| elems.max(1) * size;
+    // pq_cprep's bf16 split of the centroids, for bf16 keys only (else one element)
+    let prep = if cfg.input_dtype == crate::pq::DType::BF16 {
+        shape.b * shape.h_kv * m * 3 * k * cfg.d_sub(shape.d)
+    } else {
+        1
+    };
     let phi = match cfg.metric {
         crate::pq::Metric::Ip => shape.b * shape.h_kv * m,
         crate::pq::Metric::Euclidean => 1,
     };
     let mut b = StateBytes {
-        codebook: shape.b
-            * shape.h_kv
-            * m
-            * k
-            * (cfg.d_c(shape.d) * 4 + 3 * cfg.d_sub(shape.d) * 2 + 4)
-            + phi * 4,
+        codebook: shape.b * shape.h_kv * m * k * (cfg.d_c(shape.d) * 4 + 4) + prep * 2 + phi * 4,
         codes: 4,
         select: n_of(rows, 4),
         outputs: n_of(rows, 8),

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use crate::abi::KernelArg;
 use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
-use crate::pq::config::{Metric, PqConfig, Shape};
+use crate::pq::config::{DType, Metric, PqConfig, Shape};
 use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS, RANGE_BINS};
 use crate::pq::launch::{i32_arg, ArgOrder};
 use crate::pq::memory::StateBytes;
@@ -44,7 +44,7 @@ pub(crate) struct DeviceState {
     pub phi_buf: DeviceBuf,
     /// What `pq_quant` reads of the constant centroids, written once by `pq_cprep` in
     /// [`DeviceState::new`]: their three-term bf16 split `bf16 [B*H_kv*M, 3, K, d_s]`
-    /// (read by the bf16-key builds) ...
+    /// (read by the bf16-key builds only: one element, unwritten, for other key dtypes) ...
     pub cprep: DevBuf<u16>,
     /// ... and their squared norms `f32 [B*H_kv*M, K]` over `d_c`.
     pub cnorm: DevBuf<f32>,
@@ -287,7 +287,11 @@ impl DeviceState {
         let d_s = self.cfg.d_sub(self.shape.d);
         let rows = self.shape.b * self.shape.h_kv * m;
         let st = self.stream.clone();
-        self.cprep.ensure(&st, rows * 3 * k * d_s)?;
+        // the bf16 split only where the keys are bf16 (the only pq_quant builds that read
+        // it); one element elsewhere, never read or written
+        let split = self.cfg.input_dtype == DType::BF16;
+        self.cprep
+            .ensure(&st, if split { rows * 3 * k * d_s } else { 1 })?;
         self.cnorm.ensure(&st, rows * k)?;
         let kc = &kernels.cprep;
         let block = constexpr_usize(kc, "BLOCK_C")?;
@@ -301,11 +305,12 @@ impl DeviceState {
                 "metric_ip",
                 KernelArg::I32(i32::from(self.cfg.metric == Metric::Ip)),
             ),
+            ("split", KernelArg::I32(i32::from(split))),
         ];
         let args = ArgOrder::default().args(kc, &named, false)?;
         // Bounds: the kernel reads centroids row x K x d_c .. (rows x K x d_c, uploaded
-        // with that size) and writes cn[row, c < K] (rows x K) and prep[row, 0..3, c < K,
-        // d < d_s] (rows x 3 x K x d_s, just sized); grid rows = B*H_kv*M.
+        // with that size) and writes cn[row, c < K] (rows x K) and, with split, prep[row,
+        // 0..3, c < K, d < d_s] (rows x 3 x K x d_s, just sized); grid rows = B*H_kv*M.
         kc.launch(&st, [k.div_ceil(block) as u32, rows as u32, 1], &args)
     }
 
