@@ -44,9 +44,18 @@ CTAs (``P`` per row, from the driver's occupancy), each looping over its tiles, 
 centroid norms and split read ready-made (``pq_cprep``) instead of derived again by
 every CTA.
 
+Where every centroid and coordinate fits one block (``SPLIT16`` builds, ``BLOCK_D`` 64:
+``K <= 64``, ``d_s <= 64``, PQCache's (2, 6) at D = 128) the split and norms are loaded
+once per CTA and the key tiles run in a loop of their own (``_quant_one_block``: a load,
+three products and the argmin a tile). H100, 4096 new keys, ``do_bench_cudagraph``
+(NOTES.md, "one block of centroids, one loop of tiles"): 10.7 -> 7.2-7.4 us.
+
 Keys the expanded form cannot answer exactly: a subvector with ``||x||^2`` not below
 ``SAFE`` (NaN, inf, or so large that products could overflow), or any centroid of the
-block with ``||c||^2`` not below ``SAFE``, or metric ip with ``phi`` not below ``SAFE``.
+block with ``||c||^2`` not below ``SAFE``, or metric ip with ``phi`` not below ``SAFE``
+(the one-block loop flags a key by its smallest expanded distance instead: not finite
+where a coordinate is NaN or infinite or a product overflows; a finite one is within the
+code rule at any magnitude, the expanded form's error being relative).
 Those keys (none on finite data of sane size) are redone one by one with the direct
 differences under the spec's non-finite rule by ``_nearest`` (pq_select.py, the
 quantizer of every other kernel): each distance ``d`` becomes ``+inf`` where NaN and
@@ -116,11 +125,19 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, prep_ptr, cn_ptr, codes_ptr, k_sb,
     pbase = row * 3 * K * d_s
     phi = tl.load(phi_ptr + row * metric_ip)  # euclidean: phi_ptr[0], unused
     ntiles = tl.cdiv(n_new, BLOCK_N)
-    any_bad = 0
-    for tile in range(tl.program_id(0), ntiles, tl.num_programs(0)):
-        bad = _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
-                          d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D, SPLIT16)
-        any_bad = tl.maximum(any_bad, bad)
+    if SPLIT16:
+        if (K <= BLOCK_C) & (d_s <= BLOCK_D):
+            any_bad = _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss,
+                                       K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N,
+                                       BLOCK_C, BLOCK_D)
+        else:
+            any_bad = _quant_tiles(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
+                                   d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D,
+                                   SPLIT16)
+    else:
+        any_bad = _quant_tiles(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
+                               d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D,
+                               SPLIT16)
     # the keys the expanded form cannot answer (none on finite data of sane size): one by
     # one, direct differences, each code stored again after a barrier (so the later store
     # is the one that stays); outside the tile loop, which stays lean
@@ -150,6 +167,71 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, prep_ptr, cn_ptr, codes_ptr, k_sb,
                     if bad_i:
                         ci = _nearest(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
                         tl.store(code_row + ti, ci.to(tl.uint8))
+
+
+@triton.jit
+def _quant_tiles(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s, d_c, cbase,
+                 pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                 BLOCK_D: tl.constexpr, SPLIT16: tl.constexpr):
+    """``pq_quant_kernel``'s key tiles ``program_id(0), + P, ..`` by ``_quant_tile`` (any
+    ``K`` and ``d_s``: blocks of centroids and coordinates); returns whether a key may
+    need the direct form."""
+    any_bad = 0
+    for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
+        bad = _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
+                          d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D, SPLIT16)
+        any_bad = tl.maximum(any_bad, bad)
+    return any_bad
+
+
+@triton.jit
+def _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s, d_c, cbase,
+                     pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    """``pq_quant_kernel``'s tiles where every centroid and coordinate fits one block
+    (``SPLIT16``, ``K <= BLOCK_C``, ``d_s <= BLOCK_D``): the centroids' split and norms
+    loaded once, then the CTA's key tiles ``program_id(0), + P, ..`` in a loop of their
+    own (each tile one load, three bf16 products, the argmin). Returns 1 where a key may
+    need the direct form, else 0: any of the CTA's keys whose smallest expanded distance
+    is not finite (a NaN or infinite coordinate gives every distance NaN or +-inf;
+    products past f32's range give inf), or a centroid norm or (ip) phi not below ``SAFE``.
+    A finite key whose distances are finite needs no test of its own norm: the expanded
+    form's error is relative (f32 sums of exact products, within the code rule at any
+    magnitude), and the direct form's sweep re-tests each key by its norm."""
+    offs_c = tl.arange(0, BLOCK_C)
+    cmask = offs_c < K
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < d_s
+    cm = dmask[:, None] & cmask[None, :]
+    pb = prep_ptr + pbase + offs_c[None, :] * d_s + offs_d[:, None]
+    c1 = tl.load(pb, mask=cm, other=0.0)
+    c2 = tl.load(pb + K * d_s, mask=cm, other=0.0)
+    c3 = tl.load(pb + 2 * K * d_s, mask=cm, other=0.0)
+    cn = tl.load(cn_ptr + row * K + offs_c, mask=cmask, other=0.0)
+    bad = tl.max((cmask & ~(cn < SAFE)).to(tl.int32), axis=0)
+    if metric_ip != 0:
+        bad = tl.maximum(bad, (~(phi < SAFE)).to(tl.int32))
+    cl = tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask & (metric_ip != 0), other=0.0)
+    kb0 = b * k_sb + g * k_sh + m * d_s
+    rbad = tl.zeros([BLOCK_N], tl.int32)
+    for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
+        t = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        tmask = t < n_new
+        xk = tl.load(k_ptr + kb0 + (pos0 + t).to(tl.int64)[:, None] * k_ss + offs_d[None, :],
+                     mask=tmask[:, None] & dmask[None, :], other=0.0)
+        acc = tl.dot(xk, c1)
+        acc = tl.dot(xk, c2, acc)
+        acc = tl.dot(xk, c3, acc)
+        if metric_ip != 0:
+            x = xk.to(tl.float32)
+            aug = tl.sqrt(tl.maximum(phi - tl.sum(_mul_rn(x, x), axis=1), 0.0))
+            acc += aug[:, None] * cl[None, :]
+        dist = tl.where(cmask[None, :], cn[None, :] - 2.0 * acc, float("inf"))
+        dmin = tl.min(dist, axis=1)
+        rbad = tl.maximum(rbad, (tmask & ~(tl.abs(dmin) < float("inf"))).to(tl.int32))
+        cmin = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32)
+        tl.store(codes_ptr + row * cap + t0 + t, cmin.to(tl.uint8), mask=tmask)
+    return tl.maximum(bad, tl.max(rbad, axis=0))
 
 
 @triton.jit
@@ -215,7 +297,7 @@ def _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m
 # declarations for the build
 
 DTYPES = ("fp32", "bf16", "fp16")
-FIXED = {"BLOCK_C": 64, "BLOCK_D": 32}
+FIXED = {"BLOCK_C": 64}
 #: registers per thread at most for the vector-load family: two 8-warp CTAs per SM
 MAXNREG = 128
 
@@ -234,10 +316,11 @@ def _sm90(qt, aligned):
     built). The vector-load kernel: bf16 keys 128 per CTA with the bf16 centroid split
     (the fastest measured, NOTES.md "multi-token steps"), plus 256 keys per CTA and the
     tf32x3 form to compare; fp32 / fp16 keys 64 per CTA, tf32x3."""
-    tf32 = {"BLOCK_N": 64, "SPLIT16": 0}
+    tf32 = {"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0}
     if not (aligned and qt == "bf16"):
         return (Variant.make(tf32, 8, 1, True), )
-    return (Variant.make({"BLOCK_N": 128, "SPLIT16": 1}, 8, 1, True), Variant.make({"BLOCK_N": 256, "SPLIT16": 1}, 8, 1),
+    split = {"BLOCK_D": 64, "SPLIT16": 1}
+    return (Variant.make(dict(split, BLOCK_N=128), 8, 1, True), Variant.make(dict(split, BLOCK_N=256), 8, 1),
             Variant.make(tf32, 8, 1))
 
 
@@ -251,5 +334,6 @@ for _qt in DTYPES:
     for _al in (False, True):
         KERNELS.append(
             Kernel(name=f"pq_quant{'.a16' if _al else ''}.k_{_qt}", fn=pq_quant_kernel, args=_args(_qt, _al),
-                   fixed=FIXED, variants={80: single({"BLOCK_N": 64, "SPLIT16": 0}, 8, 1), 90: _sm90(_qt, _al)},
+                   fixed=FIXED, variants={80: single({"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0}, 8, 1),
+                                          90: _sm90(_qt, _al)},
                    maxnreg=MAXNREG if _al else 0))
