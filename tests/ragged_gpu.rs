@@ -102,29 +102,6 @@ fn ragged(c: &PqConfig, x: PqInputs, lens: &[usize], ncs: &[usize]) -> RaggedInp
     RaggedInputs::new(c, x, &l, Some(&n)).expect("ragged inputs")
 }
 
-/// One step of a graph decode loop checked against the CPU reference run from the state
-/// before it (`prev_codes`: the codes and how many keys they hold; `prev_nc`: each row's
-/// count), then both moved to the step's outputs.
-fn check_loop_step(
-    c: &PqConfig,
-    x0: &PqInputs,
-    lens: &[usize],
-    prev_codes: &mut (Vec<i64>, usize),
-    prev_nc: &mut Vec<usize>,
-    out: &RaggedOutput,
-    what: &str,
-) {
-    let x = PqInputs {
-        codes: prev_codes.0.clone(),
-        n_cached: prev_codes.1,
-        ..x0.clone()
-    };
-    let rx = ragged(c, x, lens, prev_nc);
-    assert_checked(c, &rx, out, false, what);
-    *prev_codes = (out.codes.clone(), out.n_max);
-    *prev_nc = out.n_cached.clone();
-}
-
 fn assert_checked(c: &PqConfig, x: &RaggedInputs, out: &RaggedOutput, exact: bool, what: &str) {
     let opts = CheckOptions {
         mode: if exact {
@@ -345,47 +322,96 @@ fn ratio_sizes_ip_and_16_bit_weights() {
     }
 }
 
-/// The start of a graph-replayed decode loop on `path`: random inputs with each row
-/// one key short of `starts[r]` (its count `n_quantized(starts[r] - 1)`, returned), the
-/// indexer holding them, and a lengths buffer of `B` entries on its stream.
-fn loop_start(
-    rt: &Arc<Runtime>,
-    c: &PqConfig,
-    starts: &[usize],
-    s_alloc: usize,
-    path: RaggedPath,
-) -> (
-    PqInputs,
-    Vec<usize>,
-    GpuIndexer,
-    DeviceInputs,
-    cudarc::driver::CudaSlice<i64>,
-) {
-    let sh = shape(starts.len(), s_alloc);
-    let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
-    let n_max = *ncs.iter().max().unwrap();
-    let x0 = PqInputs::random(c, sh, n_max, seed()).expect("inputs");
-    let rx0 = ragged(c, x0.clone(), starts, &ncs);
-    let (ix, dev) = setup_on(rt, c, &rx0, path);
-    assert_eq!(ix.ragged_path().unwrap(), path);
-    let dlens = ix.stream().alloc_zeros::<i64>(sh.b).expect("lens buffer");
-    (x0, ncs, ix, dev, dlens)
-}
-
-/// A graph-replayed decode loop on `path`: each row starts one key short of
-/// `starts[r]` (its count `n_quantized(starts[r] - 1)`), grows by `grow(i, r)` keys before
-/// step `i > 0`; the lengths are written into a device buffer before each replay, the
-/// outputs poisoned, and every step checked against the CPU reference on the codes the
-/// previous step left.
+/// A graph-replayed decode loop on `path` whose lengths live in a device buffer, and what
+/// the CPU reference needs to check its next step: the inputs (keys from `x`), the codes
+/// the last step left and how many keys they hold, each row's count.
 struct DeviceLoop {
     ix: GpuIndexer,
     dev: DeviceInputs,
     dlens: cudarc::driver::CudaSlice<i64>,
+    x: PqInputs,
+    path: RaggedPath,
     lens: Vec<usize>,
+    codes: (Vec<i64>, usize),
     n_cached: Vec<usize>,
     captures: usize,
 }
 
+impl DeviceLoop {
+    /// Random inputs with each row one key short of `starts[r]` (its count
+    /// `n_quantized(starts[r] - 1)`), the indexer holding them on `path`, a lengths buffer
+    /// of `B` entries on its stream; `lens` = `starts`.
+    fn start(
+        rt: &Arc<Runtime>,
+        c: &PqConfig,
+        starts: &[usize],
+        s_alloc: usize,
+        path: RaggedPath,
+    ) -> Self {
+        let sh = shape(starts.len(), s_alloc);
+        let ncs: Vec<usize> = starts.iter().map(|&s| c.n_quantized(s - 1)).collect();
+        let n_max = *ncs.iter().max().unwrap();
+        let x = PqInputs::random(c, sh, n_max, seed()).expect("inputs");
+        let (ix, dev) = setup_on(rt, c, &ragged(c, x.clone(), starts, &ncs), path);
+        assert_eq!(ix.ragged_path().unwrap(), path);
+        let dlens = ix.stream().alloc_zeros::<i64>(sh.b).expect("lens buffer");
+        DeviceLoop {
+            ix,
+            dev,
+            dlens,
+            codes: (x.codes.clone(), x.n_cached),
+            x,
+            path,
+            lens: starts.to_vec(),
+            n_cached: ncs,
+            captures: 0,
+        }
+    }
+
+    /// One replay at `lens` (written into the device buffer first; the outputs poisoned
+    /// where `poison`), checked against the CPU reference run from the codes and counts
+    /// the previous step left, which then move to this step's outputs.
+    fn step(&mut self, c: &PqConfig, poison: bool, i: usize) -> tritonrt::pq::gpu::RaggedInfo {
+        let v: Vec<i64> = self.lens.iter().map(|&s| s as i64).collect();
+        let stream = self.ix.stream().clone();
+        stream.memcpy_htod(&v, &mut self.dlens).expect("lengths");
+        if poison {
+            self.ix.poison_outputs().expect("poison");
+        }
+        let info = self
+            .ix
+            .step_ragged_device(
+                self.dev.query(),
+                self.dev.key(),
+                &self.dlens,
+                LaunchMode::Graph,
+            )
+            .expect("step");
+        let what = format!("{:?} step {i} lens {:?}", self.path, self.lens);
+        assert_eq!(info.path, self.path, "{what}");
+        self.captures += usize::from(info.captured);
+        let out = self.ix.download_ragged().expect("download");
+        let x = PqInputs {
+            codes: self.codes.0.clone(),
+            n_cached: self.codes.1,
+            ..self.x.clone()
+        };
+        assert_checked(
+            c,
+            &ragged(c, x, &self.lens, &self.n_cached),
+            &out,
+            false,
+            &what,
+        );
+        self.codes = (out.codes.clone(), out.n_max);
+        self.n_cached = out.n_cached.clone();
+        info
+    }
+}
+
+/// A graph-replayed decode loop on `path`: each row starts one key short of `starts[r]`,
+/// grows by `grow(i, r)` keys before step `i > 0`, the outputs poisoned before every step,
+/// each step checked against the CPU reference.
 fn device_loop(
     rt: &Arc<Runtime>,
     c: &PqConfig,
@@ -395,45 +421,16 @@ fn device_loop(
     steps: usize,
     grow: impl Fn(usize, usize) -> usize,
 ) -> DeviceLoop {
-    let (x0, ncs, mut ix, dev, mut dlens) = loop_start(rt, c, starts, s_alloc, path);
-    let stream = ix.stream().clone();
-    let mut lens = starts.to_vec();
-    let mut prev_codes = (x0.codes.clone(), x0.n_cached);
-    let mut prev_nc = ncs;
-    let mut captures = 0;
+    let mut l = DeviceLoop::start(rt, c, starts, s_alloc, path);
     for i in 0..steps {
         if i > 0 {
-            for (r, l) in lens.iter_mut().enumerate() {
-                *l += grow(i, r);
+            for (r, v) in l.lens.iter_mut().enumerate() {
+                *v += grow(i, r);
             }
         }
-        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
-        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
-        ix.poison_outputs().expect("poison");
-        let info = ix
-            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
-            .expect("step");
-        assert_eq!(info.path, path);
-        captures += usize::from(info.captured);
-        let out = ix.download_ragged().expect("download");
-        check_loop_step(
-            c,
-            &x0,
-            &lens,
-            &mut prev_codes,
-            &mut prev_nc,
-            &out,
-            &format!("{path:?} step {i} lens {lens:?}"),
-        );
+        l.step(c, true, i);
     }
-    DeviceLoop {
-        ix,
-        dev,
-        dlens,
-        lens,
-        n_cached: prev_nc,
-        captures,
-    }
+    l
 }
 
 /// A decode loop from one captured graph: the lengths live in a device buffer the test
@@ -507,50 +504,29 @@ fn lowered_counts_and_shrinking_rows() {
     let Some(rt) = runtime() else { return };
     let c = cfg();
     let starts = [8800usize, 60, 5000, 1200];
-    let s_alloc = 9000;
     for path in hist_paths(&c) {
-        let (x0, ncs, mut ix, dev, mut dlens) = loop_start(&rt, &c, &starts, s_alloc, path);
-        let stream = ix.stream().clone();
-        let mut lens = starts.to_vec();
-        let mut prev_codes = (x0.codes.clone(), x0.n_cached);
-        let mut prev_nc = ncs.clone();
-        let mut captures = 0;
+        let mut l = DeviceLoop::start(&rt, &c, &starts, 9000, path);
         for i in 0..5 {
             match i {
-                1 | 3 => lens.iter_mut().for_each(|l| *l += 1),
+                1 | 3 => l.lens.iter_mut().for_each(|v| *v += 1),
                 2 => {
-                    let mut lowered = prev_nc.clone();
+                    let mut lowered = l.n_cached.clone();
                     lowered[0] /= 3;
                     lowered[3] -= 10;
-                    ix.set_row_n_cached(&lowered).expect("lower the counts");
-                    prev_nc = lowered;
-                    lens[0] = 6000;
-                    lens[1] += 4;
-                    lens[3] -= 10;
+                    l.ix.set_row_n_cached(&lowered).expect("lower the counts");
+                    l.n_cached = lowered;
+                    l.lens[0] = 6000;
+                    l.lens[1] += 4;
+                    l.lens[3] -= 10;
                 }
                 _ => {}
             }
-            let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
-            stream.memcpy_htod(&v, &mut dlens).expect("lengths");
-            let info = ix
-                .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
-                .expect("step");
-            assert_eq!(info.path, path);
+            // poisoned only before the first step: later steps rely on the weights' extents
+            let info = l.step(&c, i == 0, i);
             assert_eq!(info.launches, 3);
-            captures += usize::from(info.captured);
-            let out = ix.download_ragged().expect("download");
-            check_loop_step(
-                &c,
-                &x0,
-                &lens,
-                &mut prev_codes,
-                &mut prev_nc,
-                &out,
-                &format!("{path:?} step {i} lens {lens:?}"),
-            );
         }
         assert_eq!(
-            captures, 1,
+            l.captures, 1,
             "{path:?}: one graph for every length and count"
         );
     }
@@ -568,13 +544,7 @@ fn switching_paths_between_steps() {
     if !index_built_for(&c) {
         return;
     }
-    let starts = [3000usize, 1800, 2500];
-    let (mut x, ncs, mut ix, mut dev, mut dlens) =
-        loop_start(&rt, &c, &starts, 3100, RaggedPath::Index);
-    let stream = ix.stream().clone();
-    let mut lens = starts.to_vec();
-    let mut prev_codes = (x.codes.clone(), x.n_cached);
-    let mut prev_nc = ncs;
+    let mut l = DeviceLoop::start(&rt, &c, &[3000, 1800, 2500], 3100, RaggedPath::Index);
     let paths = [
         RaggedPath::Index,
         RaggedPath::Split,
@@ -582,51 +552,38 @@ fn switching_paths_between_steps() {
         RaggedPath::Split,
     ];
     for (i, path) in paths.into_iter().enumerate() {
-        ix.set_ragged_path(Some(path)).expect("switch the path");
+        l.ix.set_ragged_path(Some(path)).expect("switch the path");
+        l.path = path;
         if i == 1 || i == 3 {
             // rows 0 and 2 rewound by 40 and 5 keys, their keys from there replaced
-            let mut lowered = prev_nc.clone();
+            let mut lowered = l.n_cached.clone();
             lowered[0] -= 40;
             lowered[2] -= 5;
-            ix.set_row_n_cached(&lowered).expect("lower the counts");
-            let sh = x.shape;
+            l.ix.set_row_n_cached(&lowered).expect("lower the counts");
+            let sh = l.x.shape;
             for (b, &n) in lowered.iter().enumerate().filter(|&(b, _)| b != 1) {
                 for g in 0..sh.h_kv {
                     let row = (b * sh.h_kv + g) * sh.s;
                     for p in c.init_offset + n..sh.s {
-                        for v in &mut x.key[(row + p) * sh.d..(row + p + 1) * sh.d] {
+                        for v in &mut l.x.key[(row + p) * sh.d..(row + p + 1) * sh.d] {
                             *v = -*v;
                         }
                     }
                 }
             }
             let first = c.init_offset + lowered.iter().copied().min().unwrap();
-            dev = DeviceInputs::upload_from(&stream, &x, &c, first).expect("upload");
-            prev_nc = lowered;
+            let stream = l.ix.stream().clone();
+            l.dev = DeviceInputs::upload_from(&stream, &l.x, &c, first).expect("upload");
+            l.n_cached = lowered;
             // row 0 longer than before: its count passes what the switched-from path's
             // histogram counted, though 8 of those codes were rewritten
-            lens[0] += 10;
-            lens[1] += 3;
-            lens[2] += 4;
+            l.lens[0] += 10;
+            l.lens[1] += 3;
+            l.lens[2] += 4;
         } else {
-            lens.iter_mut().for_each(|l| *l += 2);
+            l.lens.iter_mut().for_each(|v| *v += 2);
         }
-        let v: Vec<i64> = lens.iter().map(|&s| s as i64).collect();
-        stream.memcpy_htod(&v, &mut dlens).expect("lengths");
-        let info = ix
-            .step_ragged_device(dev.query(), dev.key(), &dlens, LaunchMode::Graph)
-            .expect("step");
-        assert_eq!(info.path, path);
-        let out = ix.download_ragged().expect("download");
-        check_loop_step(
-            &c,
-            &x,
-            &lens,
-            &mut prev_codes,
-            &mut prev_nc,
-            &out,
-            &format!("{path:?} step {i} lens {lens:?}"),
-        );
+        l.step(&c, false, i);
     }
 }
 
