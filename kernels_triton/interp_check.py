@@ -189,7 +189,7 @@ def run_index(st, S, n_old, cfg, tile, mp=2, mode=0):
             q, key, cent, st["phi"], st["codes"], st["ihist"], st["ihistn"], st["lvl"], st["lut"], st["bkt"],
             st["mark"], st["ready"], sl, ln, w, H * D, D, H_kv * Sk * D, Sk * D, D,
             H, H // H_kv, M, 1 << bits, bits, D // M, S, n_old, st["cap"], st["capc"], cfg["sink"], cfg["window"],
-            cfg["heavy"], cfg["init_offset"], st["metric_ip"], fill, MP=mp, TILE=tile, PDL=0, **INDEX_FIXED,
+            cfg["heavy"], cfg["init_offset"], st["metric_ip"], fill, 0, MP=mp, TILE=tile, PDL=0, **INDEX_FIXED,
             num_warps=4)
     assert not st["mark"].a.any(), "pq_index left its start marks non-zero"
     assert not st["ready"].a.any(), "pq_index left a ready flag non-zero"

@@ -13,7 +13,8 @@ argument): with ``fill = 0``, ``pq_wfill_kernel`` (sm_90: TRIGGER=1) over every 
 ``pq_index_kernel``, launched as its programmatic dependent, start at once (the row CTAs
 write their heavy ones after ``griddepcontrol.wait``), or on sm_80 (PDL=0, no
 ``pq_wfill``) each row CTA its own row first; with ``fill = 1`` (one launch, no PDL
-attribute) each row's companion CTA. Then the row CTA and its companion each arrive once
+attribute, or as ``pq_quant``'s dependent: below) each row's companion CTA. Then the row
+CTA and its companion each arrive once
 on ``ready[r]`` (an acq_rel counter) when done, and the second to arrive writes the ones
 of ``sparse_list[r]`` over the companion's zeros (``_ones_if_last``). No CTA ever waits
 for another CTA of the launch: the step is correct under any CTA schedule.
@@ -43,6 +44,14 @@ codes as in ``pq_hist``. The row CTA:
    rows find the threshold as ``pq_hist`` (level rounds) and gather the taken
    combinations' keys when they fit (``_gather_emit``), else run ``pq_hist``'s emit (one
    pass over their codes).
+
+``after_quant`` (a runtime argument, 0 or 1): 1 where ``pq_quant`` wrote this step's new
+keys' codes and the kernel is its programmatic dependent (sm_90; after ``pq_wfill`` ->
+``pq_quant`` with ``fill = 0``, after ``pq_quant`` alone with ``fill = 1``): each row CTA
+waits for it (``griddepcontrol.wait``) once the table's and histogram's loads are issued,
+before the first code is read; ``pq_quant`` waits for its own primary before it exits, so
+that wait also covers ``pq_wfill``'s zeros. 0 otherwise (the row CTA reads codes at
+once).
 
 Host preconditions as ``pq_hist`` (the step's new keys are not candidates: ``w0 <=
 n_old``); ``hist``, ``histn``, ``mark``, ``ready`` zero-filled once, ``hist`` and
@@ -370,7 +379,7 @@ def pq_wfill_kernel(w_ptr, rows, S, sink, window, FT: tl.constexpr, TRIGGER: tl.
 @triton.jit
 def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_row, w_row, r,
                r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c, cap, CAPC, n, w0, k, s_sink, s_win, ws, init_offset,
-               nc_old, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr,
+               nc_old, after_quant, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr,
                TILE: tl.constexpr, DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, TP: tl.constexpr,
                FT: tl.constexpr, CUTS: tl.constexpr, PDL: tl.constexpr, TIMER: tl.constexpr, RESET: tl.constexpr):
     """Steps 2-4 of a row CTA (see the module docstring) at the row's own sizes: ``n``
@@ -378,8 +387,10 @@ def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr
     (``ws = S - window'``); ``sparse_list`` row ``sl_row`` written in full (sink, heavy,
     window), its heavy weights into ``w_row`` (after ``_zeros_written``). With ``RESET``
     (ragged steps) the histogram is recounted when it counts more keys than ``nc_old``
-    (codes past a lowered count may have been rewritten). Returns the phase stamps
-    ``(t1, t2, t3, t4)``."""
+    (codes past a lowered count may have been rewritten). With ``PDL`` and ``after_quant
+    != 0`` the primary grid writes the new keys' codes (``pq_quant``): wait for it before
+    the first code is read, after the table's and the histogram's loads are issued.
+    Returns the phase stamps ``(t1, t2, t3, t4)``."""
     hist_row = hist_ptr + r64 * NC
     bkt_row = bkt_ptr + r64 * NC * CAPC
     lut_row = lut_ptr + r64 * M * K
@@ -396,6 +407,9 @@ def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr
     cc = tl.arange(0, NC)
     cnt = tl.load(hist_row + cc, mask=fast & (cc < (1 << (2 * bits))), other=0, cache_modifier=".cg")
     hn = tl.load(histn_ptr + r)
+    if PDL:
+        if after_quant != 0:
+            gdc_wait()
     if RESET:
         # codes the histogram counts may have been rewritten (a row's count lowered below
         # them): count the candidates anew (_bucket_move recounts when hn > w0)
@@ -459,7 +473,7 @@ def pq_index_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, ready_ptr,
     sl_ptr, len_ptr, w_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
-    H, G, M, K, bits, d_s, S, n_old, cap, CAPC, sink, window, heavy, init_offset, metric_ip, fill,  #
+    H, G, M, K, bits, d_s, S, n_old, cap, CAPC, sink, window, heavy, init_offset, metric_ip, fill, after_quant,  #
     MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr, TILE: tl.constexpr,
     DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, TP: tl.constexpr, FT: tl.constexpr,
     CUTS: tl.constexpr, PDL: tl.constexpr = 0, TIMER: tl.constexpr = 0,
@@ -488,7 +502,8 @@ def pq_index_kernel(
                 _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
         t1, t2, t3, t4 = _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr,
                                     mark_ptr, sl_row, w_row, r, r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c, cap,
-                                    CAPC, n, w0, k, s_sink, s_win, ws, init_offset, 0, MP, NC, NB, LEVELS, TILE, DT,
+                                    CAPC, n, w0, k, s_sink, s_win, ws, init_offset, 0, after_quant, MP, NC, NB, LEVELS,
+                                    TILE, DT,
                                     BLOCK_C, BLOCK_DS, TP, FT, CUTS, PDL, TIMER, False)
         tl.store(len_ptr + r64, total.to(tl.int64))
         if fill != 0:
@@ -514,7 +529,7 @@ def _args(t):
         i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
         i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("S"), i32("n_old"),
         i32("cap", div16=True), i32("CAPC"), i32("sink"), i32("window"), i32("heavy"), i32("init_offset"),
-        i32("metric_ip"), i32("fill"),
+        i32("metric_ip"), i32("fill"), i32("after_quant"),
     )
 
 

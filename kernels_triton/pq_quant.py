@@ -50,6 +50,14 @@ once per CTA and the key tiles run in a loop of their own (``_quant_one_block``:
 three products and the argmin a tile). H100, 4096 new keys, ``do_bench_cudagraph``
 (NOTES.md, "one block of centroids, one loop of tiles"): 10.7 -> 7.2-7.4 us.
 
+Chained after ``pq_wfill`` (sm_90, ``PDL=1``; the indexed step with many new keys,
+``src/pq/launch.rs``): ``pq_wfill`` (a plain launch) -> ``pq_quant`` (its programmatic
+dependent: the weights and the codes are independent, so the quantizing starts while the
+weights are written) -> ``pq_index`` (``pq_quant``'s programmatic dependent, which waits
+for it before it reads any code). ``pq_quant`` triggers its dependent at once and waits
+for ``pq_wfill`` before it exits, so ``pq_index``'s one wait covers both. Launched
+plainly (every other step) the wait returns at once and the trigger has no effect.
+
 Keys the expanded form cannot answer exactly: a subvector with ``||x||^2`` not below
 ``SAFE`` (NaN, inf, or so large that products could overflow), or any centroid of the
 block with ``||c||^2`` not below ``SAFE``, or metric ip with ``phi`` not below ``SAFE``
@@ -65,6 +73,7 @@ ties: the lowest ``c`` whose distance is not NaN, code 0 where all are.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kspec import Kernel, Variant, i32, i64, ptr, single
 from pq_select import _mul_rn, _nearest
@@ -111,10 +120,17 @@ def pq_cprep_kernel(cent_ptr, prep_ptr, cn_ptr, K, d_s, metric_ip, split, BLOCK_
 @triton.jit
 def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, prep_ptr, cn_ptr, codes_ptr, k_sb, k_sh, k_ss, H_kv, M, K, d_s, pos0,
                     t0, n_new, cap, metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-                    SPLIT16: tl.constexpr):
+                    SPLIT16: tl.constexpr, PDL: tl.constexpr = 0):
     """See the module docstring. Grid ``(P, B*H_kv*M)``, any ``P >= 1``: CTA ``(i, row)``
-    takes the key tiles ``i, i + P, ..`` of ``cdiv(n_new, BLOCK_N)``."""
+    takes the key tiles ``i, i + P, ..`` of ``cdiv(n_new, BLOCK_N)``.
+
+    With ``PDL`` (sm_90) the kernel can sit in a chain of programmatic dependent launches
+    (see "Chained after ``pq_wfill``" in the module docstring): it lets its dependent
+    start at once, and before exiting it waits for its own primary (if it was launched
+    as a dependent; otherwise the wait returns at once)."""
     tl.static_assert(SPLIT16 == 0 or k_ptr.dtype.element_ty == tl.bfloat16, "SPLIT16: bf16 keys only")
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(1).to(tl.int64)  # (b*H_kv + g)*M + m
     m = row % M
     bg = row // M
@@ -127,9 +143,15 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, prep_ptr, cn_ptr, codes_ptr, k_sb,
     ntiles = tl.cdiv(n_new, BLOCK_N)
     if SPLIT16:
         if (K <= BLOCK_C) & (d_s <= BLOCK_D):
-            any_bad = _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss,
-                                       K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N,
-                                       BLOCK_C, BLOCK_D)
+            # the metric's branch outside the loop: two loops, neither branching per tile
+            if metric_ip != 0:
+                any_bad = _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh,
+                                           k_ss, K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, True, BLOCK_N,
+                                           BLOCK_C, BLOCK_D)
+            else:
+                any_bad = _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh,
+                                           k_ss, K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, False, BLOCK_N,
+                                           BLOCK_C, BLOCK_D)
         else:
             any_bad = _quant_tiles(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
                                    d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D,
@@ -167,6 +189,10 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, prep_ptr, cn_ptr, codes_ptr, k_sb,
                     if bad_i:
                         ci = _nearest(k_ptr, kb, cent_ptr, cbase, phi, d_s, d_c, K, metric_ip, BLOCK_C, BLOCK_D)
                         tl.store(code_row + ti, ci.to(tl.uint8))
+    if PDL:
+        # this grid completes only after its primary has: a dependent that waits for this
+        # grid (griddepcontrol.wait) has then seen the primary's stores too
+        gdc_wait()
 
 
 @triton.jit
@@ -186,7 +212,7 @@ def _quant_tiles(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_s
 
 @triton.jit
 def _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s, d_c, cbase,
-                     pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                     pbase, phi, pos0, t0, n_new, cap, IP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
                      BLOCK_D: tl.constexpr):
     """``pq_quant_kernel``'s tiles where every centroid and coordinate fits one block
     (``SPLIT16``, ``K <= BLOCK_C``, ``d_s <= BLOCK_D``): the centroids' split and norms
@@ -197,7 +223,14 @@ def _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m,
     products past f32's range give inf), or a centroid norm or (ip) phi not below ``SAFE``.
     A finite key whose distances are finite needs no test of its own norm: the expanded
     form's error is relative (f32 sums of exact products, within the code rule at any
-    magnitude), and the direct form's sweep re-tests each key by its norm."""
+    magnitude), and the direct form's sweep re-tests each key by its norm. ``IP``: metric
+    ip (a constexpr, so the loop carries no per-tile branch on the metric). Centroids past
+    ``K`` get norm ``+inf`` (their products are 0), so they never win the argmin.
+
+    Measured (H200, Triton JIT, ``do_bench_cudagraph``, 4096 new keys at (2, 6): NOTES.md,
+    "``pq_quant``'s one-block loop without a branch"): the metric's runtime branch inside
+    the loop cost 0.75 us of 8.3 even untaken; ``tl.min`` with its index in one reduction
+    0.4 us against ``tl.min`` then ``tl.argmin``."""
     offs_c = tl.arange(0, BLOCK_C)
     cmask = offs_c < K
     offs_d = tl.arange(0, BLOCK_D)
@@ -207,11 +240,11 @@ def _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m,
     c1 = tl.load(pb, mask=cm, other=0.0)
     c2 = tl.load(pb + K * d_s, mask=cm, other=0.0)
     c3 = tl.load(pb + 2 * K * d_s, mask=cm, other=0.0)
-    cn = tl.load(cn_ptr + row * K + offs_c, mask=cmask, other=0.0)
+    cn = tl.load(cn_ptr + row * K + offs_c, mask=cmask, other=float("inf"))
     bad = tl.max((cmask & ~(cn < SAFE)).to(tl.int32), axis=0)
-    if metric_ip != 0:
+    if IP:
         bad = tl.maximum(bad, (~(phi < SAFE)).to(tl.int32))
-    cl = tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask & (metric_ip != 0), other=0.0)
+        cl = tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
     kb0 = b * k_sb + g * k_sh + m * d_s
     rbad = tl.zeros([BLOCK_N], tl.int32)
     for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
@@ -222,14 +255,12 @@ def _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m,
         acc = tl.dot(xk, c1)
         acc = tl.dot(xk, c2, acc)
         acc = tl.dot(xk, c3, acc)
-        if metric_ip != 0:
+        if IP:
             x = xk.to(tl.float32)
             aug = tl.sqrt(tl.maximum(phi - tl.sum(_mul_rn(x, x), axis=1), 0.0))
             acc += aug[:, None] * cl[None, :]
-        dist = tl.where(cmask[None, :], cn[None, :] - 2.0 * acc, float("inf"))
-        dmin = tl.min(dist, axis=1)
+        dmin, cmin = tl.min(cn[None, :] - 2.0 * acc, axis=1, return_indices=True, return_indices_tie_break_left=True)
         rbad = tl.maximum(rbad, (tmask & ~(tl.abs(dmin) < float("inf"))).to(tl.int32))
-        cmin = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32)
         tl.store(codes_ptr + row * cap + t0 + t, cmin.to(tl.uint8), mask=tmask)
     return tl.maximum(bad, tl.max(rbad, axis=0))
 
@@ -315,11 +346,12 @@ def _sm90(qt, aligned):
     """sm_90 variants. The any-layout kernel: 64 keys per CTA, 8 warps, tf32x3 (as first
     built). The vector-load kernel: bf16 keys 128 per CTA with the bf16 centroid split
     (the fastest measured, NOTES.md "multi-token steps"), plus 256 keys per CTA and the
-    tf32x3 form to compare; fp32 / fp16 keys 64 per CTA, tf32x3."""
-    tf32 = {"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0}
+    tf32x3 form to compare; fp32 / fp16 keys 64 per CTA, tf32x3. Every sm_90 variant is
+    built with ``PDL`` (sm_80 has no programmatic dependent launch)."""
+    tf32 = {"BLOCK_N": 64, "BLOCK_D": 32, "SPLIT16": 0, "PDL": 1}
     if not (aligned and qt == "bf16"):
         return (Variant.make(tf32, 8, 1, True), )
-    split = {"BLOCK_D": 64, "SPLIT16": 1}
+    split = {"BLOCK_D": 64, "SPLIT16": 1, "PDL": 1}
     return (Variant.make(dict(split, BLOCK_N=128), 8, 1, True), Variant.make(dict(split, BLOCK_N=256), 8, 1),
             Variant.make(tf32, 8, 1))
 

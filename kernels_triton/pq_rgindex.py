@@ -109,7 +109,7 @@ def pq_rgindex_kernel(
         nc_old = tl.load(nc0_ptr + b).to(tl.int32)
         _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_row, w_row,
                    r, r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_s + metric_ip, cap, CAPC, n, w0, k, s_sink, s_win,
-                   ws, io, nc_old, MP, NC, NB, LEVELS, TILE, DT, BLOCK_C, BLOCK_DS, TP, FT, CUTS, PDL, 0, True)
+                   ws, io, nc_old, 0, MP, NC, NB, LEVELS, TILE, DT, BLOCK_C, BLOCK_DS, TP, FT, CUTS, PDL, 0, True)
         if h == 0:
             tl.store(nc_ptr + b, n.to(tl.int64))
     elif ok:

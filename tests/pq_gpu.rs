@@ -581,7 +581,10 @@ fn gpu_split_path_decode_loop() {
 /// plain launches and as a graph replay, on fresh random inputs, each checked against the
 /// CPU reference by the spec's rule. Shapes: the reference workload and S = 6000 with 8
 /// heads over 8 and over 2 KV heads (where the indexed path once returned wrong heavy
-/// sets when CTAs were scheduled differently).
+/// sets when CTAs were scheduled differently), one new key each; and a step of 4096 new
+/// keys (`pq_quant` first: on the indexed path with `pq_wfill` it runs as `pq_wfill`'s
+/// programmatic dependent and `pq_index` as its own, so a code read before `pq_quant`
+/// finished, or a weight one before `pq_wfill`'s zeros, shows here).
 #[test]
 fn gpu_paths_correct_beside_a_busy_stream() {
     use cudarc::driver::DevicePtr;
@@ -603,18 +606,23 @@ fn gpu_paths_correct_beside_a_busy_stream() {
     let (busy_ptr, _sync) = buf.device_ptr(&busy_stream);
     let sms = rt.device().sm_count();
     let cfg = base();
-    let shapes = [
-        sh(1, 32, 32, 32000, 128),
-        sh(1, 8, 8, 6000, 128),
-        sh(1, 8, 2, 6000, 128),
+    // (shape, new keys, paths)
+    let cases: [(_, usize, &[SelectPath]); 4] = [
+        (sh(1, 32, 32, 32000, 128), 1, &SelectPath::FORCED),
+        (sh(1, 8, 8, 6000, 128), 1, &SelectPath::FORCED),
+        (sh(1, 8, 2, 6000, 128), 1, &SelectPath::FORCED),
+        (
+            sh(1, 32, 8, 32768, 128),
+            4096,
+            &[SelectPath::IndexWfill, SelectPath::IndexCompanion],
+        ),
     ];
-    let paths = SelectPath::FORCED;
     let (mut runs, mut failures) = (0usize, Vec::new());
-    for (si, &shape) in shapes.iter().enumerate() {
+    for (si, &(shape, new_keys, paths)) in cases.iter().enumerate() {
         for (pi, &path) in paths.iter().enumerate() {
             for (fi, per_sm) in [1u32, 4, 16].into_iter().enumerate() {
                 let s = seed.wrapping_add((si * 100 + pi * 10 + fi) as u64 * 7919);
-                let n_cached = PqInputs::default_n_cached(&cfg, shape.s);
+                let n_cached = PqInputs::default_n_cached(&cfg, shape.s) + 1 - new_keys;
                 let (mut ix, inputs) = imported_indexer_seeded(&rt, cfg, shape, n_cached, path, s);
                 let dev = DeviceInputs::upload(ix.stream(), &inputs, &cfg).expect("upload");
                 ix.prepare(shape.s).expect("prepare");
@@ -645,7 +653,7 @@ fn gpu_paths_correct_beside_a_busy_stream() {
                     runs += 1;
                     let ok = report.passed();
                     eprintln!(
-                        "{} {path:?} B={} H={} H_kv={} S={} busy {per_sm} CTAs/SM {mode:?} ({}): [{report}]",
+                        "{} {path:?} B={} H={} H_kv={} S={} new {new_keys} busy {per_sm} CTAs/SM {mode:?} ({}): [{report}]",
                         if ok { "ok  " } else { "FAIL" },
                         shape.b,
                         shape.h,
@@ -654,7 +662,9 @@ fn gpu_paths_correct_beside_a_busy_stream() {
                         info.kind.name(),
                     );
                     if !ok {
-                        failures.push(format!("{path:?} {shape:?} {per_sm}/SM {mode:?}"));
+                        failures.push(format!(
+                            "{path:?} {shape:?} new {new_keys} {per_sm}/SM {mode:?}"
+                        ));
                     }
                 }
             }

@@ -151,7 +151,13 @@ pub(crate) fn vector_loads_allowed(addr: u64, strides: [i64; 3], d_s: usize) -> 
 /// many of its CTAs an SM holds at once (the grid is sized to one round of them).
 #[derive(Clone)]
 pub(crate) struct QuantKernel {
+    /// Launched without programmatic stream serialization: after anything on the
+    /// stream, the caller's kernels included.
     pub kernel: Arc<Kernel>,
+    /// The same function as built: on sm_90 (`PDL=1`) launched as the programmatic
+    /// dependent of the launch before it, which must be the indexer's own `pq_wfill`
+    /// (`kernels_triton/pq_quant.py`, "Chained after `pq_wfill`").
+    pub chained: Arc<Kernel>,
     pub block: usize,
     pub ctas_per_sm: usize,
 }
@@ -165,7 +171,8 @@ impl QuantKernel {
         Ok(Self {
             block: constexpr_usize(&kernel, "BLOCK_N")?,
             ctas_per_sm: kernel.max_ctas_per_sm()? as usize,
-            kernel,
+            kernel: Arc::new(kernel.without_pdl()),
+            chained: kernel,
         })
     }
 }

@@ -184,22 +184,43 @@ impl StepLaunches<'_> {
         key: &DeviceTensorRef,
     ) -> Result<Vec<Launch>> {
         let (s, n) = (plan.s, plan.n);
-        let mut launches = Vec::with_capacity(3);
+        if !plan.bulk_quantize {
+            return self.select_launches(plan, query, key, s, plan.n_old, n, None);
+        }
         // the select kernels quantize keys n_old .. n: none where pq_quant ran first
-        let n_old = if plan.bulk_quantize {
-            launches.push(self.quant(key, plan.n_old, n)?);
-            n
-        } else {
-            plan.n_old
-        };
-        let select = self.select_launches(plan, query, key, s, n_old, n)?;
-        launches.extend(select);
+        let quant = self.quant(key, plan.n_old, n, plan.kind == StepKind::IndexWfill)?;
+        self.select_launches(plan, query, key, s, n, n, Some(quant))
+    }
+
+    /// The launches of `plan`: `quant` (`pq_quant` over the new keys, where it runs
+    /// first) and the select launches, whose kernels quantize keys `n_old .. n`
+    /// themselves. The indexed path places `quant` itself (see its arm); every other
+    /// path launches it first.
+    #[allow(clippy::too_many_arguments)]
+    fn select_launches(
+        &self,
+        plan: &StepPlan,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+        n: usize,
+        quant: Option<Launch>,
+    ) -> Result<Vec<Launch>> {
+        let indexed = matches!(
+            plan.kind,
+            StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion
+        );
+        if indexed {
+            return self.index_launches(plan, query, key, s, n_old, quant);
+        }
+        let mut launches: Vec<Launch> = quant.into_iter().collect();
+        launches.extend(self.other_launches(plan, query, key, s, n_old, n)?);
         Ok(launches)
     }
 
-    /// The select launches of `plan` (all but `pq_quant`), whose kernels quantize keys
-    /// `n_old .. n` themselves.
-    fn select_launches(
+    /// The select launches of every path but the indexed one.
+    fn other_launches(
         &self,
         plan: &StepPlan,
         query: &DeviceTensorRef,
@@ -238,49 +259,7 @@ impl StepLaunches<'_> {
                 self.range(query, key, s, n_old, parts, level_parts)
             }
             StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion => {
-                let ik = ks.index.as_ref().ok_or_else(|| not_built("pq_index"))?;
-                let companion = plan.kind == StepKind::IndexCompanion;
-                let mut named =
-                    self.hist_args(query, key, s, n_old, &state.ihist, &state.ihistn)?;
-                named.extend([
-                    ("bkt_ptr", KernelArg::Buf(state.bkt.buf())),
-                    ("mark_ptr", KernelArg::Buf(state.mark.buf())),
-                    ("ready_ptr", KernelArg::Buf(state.ready.buf())),
-                    ("CAPC", i32_arg("bucket capacity", state.capc)?),
-                    ("rows", i32_arg("rows", rows)?),
-                    ("fill", KernelArg::I32(i32::from(companion))),
-                ]);
-                let ix = if companion { &ik.alone } else { &ik.index };
-                let iargs = order.args(ix, &named, true)?;
-                // Bounds: pq_wfill writes weight elements 0 .. rows x s (ensure_buffers
-                // sized weight for that; rows x s < 2^31 checked by plan_step), any grid
-                // size. pq_index as pq_hist for hist/histn (here ihist/ihistn, new(): rows x
-                // HIST_COMBOS, rows), lvl, lut, codes and the outputs; ensure_buffers sized
-                // bkt for rows x HIST_COMBOS x capc (the kernel stores slots < CAPC = capc
-                // only) and new() the marks for rows x TP (the kernel's constexpr, kept in
-                // IndexKernels) and the arrival counters for rows. Companion fill: pq_index
-                // alone (no programmatic dependency), CTA (r, 0) writes row r's weights
-                // (r x s .. (r + 1) x s), CTA (r, 1) its heavy ones; the second of the two
-                // to arrive on ready[r] rewrites the row's ones and clears it. Else
-                // pq_index is a programmatic dependent of pq_wfill (its variant's
-                // launch_pdl) and waits for it before any weight; pq_wfill: one CTA per SM,
-                // so each leaves room for a pq_index CTA beside it (sm_80: no pq_wfill,
-                // each row CTA writes its own row).
-                let mut launches = Vec::with_capacity(2);
-                if plan.kind == StepKind::IndexWfill {
-                    let fill = ik.wfill.as_ref().ok_or_else(|| not_built("pq_wfill"))?;
-                    launches.push(Launch {
-                        kernel: fill.clone(),
-                        grid: [self.sm_count.max(1), 1, 1],
-                        args: order.args(fill, &named, true)?,
-                    });
-                }
-                launches.push(Launch {
-                    kernel: ix.clone(),
-                    grid: [rows as u32, 2, 1],
-                    args: iargs,
-                });
-                Ok(launches)
+                self.index_launches(plan, query, key, s, n_old, None)
             }
             StepKind::Hist => {
                 let k = ks.hist.as_ref().ok_or_else(|| not_built("pq_hist"))?;
@@ -414,21 +393,101 @@ impl StepLaunches<'_> {
         Ok(launches)
     }
 
+    /// The indexed path's launches (`pq_wfill` where the plan writes the weights with it,
+    /// `pq_index`), with `quant` (`pq_quant`, where it runs first) placed so that it
+    /// overlaps what does not need its codes: after `pq_wfill` as its programmatic
+    /// dependent, then `pq_index` as `pq_quant`'s, told by `after_quant` to wait for it
+    /// before reading a code (`kernels_triton/pq_quant.py`, "Chained after `pq_wfill`").
+    fn index_launches(
+        &self,
+        plan: &StepPlan,
+        query: &DeviceTensorRef,
+        key: &DeviceTensorRef,
+        s: usize,
+        n_old: usize,
+        quant: Option<Launch>,
+    ) -> Result<Vec<Launch>> {
+        let (ks, state, order) = (self.kernels, self.state, self.order);
+        let rows = state.rows();
+        let ik = ks.index.as_ref().ok_or_else(|| not_built("pq_index"))?;
+        let companion = plan.kind == StepKind::IndexCompanion;
+        let after_quant = quant.is_some();
+        let mut named = self.hist_args(query, key, s, n_old, &state.ihist, &state.ihistn)?;
+        named.extend([
+            ("bkt_ptr", KernelArg::Buf(state.bkt.buf())),
+            ("mark_ptr", KernelArg::Buf(state.mark.buf())),
+            ("ready_ptr", KernelArg::Buf(state.ready.buf())),
+            ("CAPC", i32_arg("bucket capacity", state.capc)?),
+            ("rows", i32_arg("rows", rows)?),
+            ("fill", KernelArg::I32(i32::from(companion))),
+            ("after_quant", KernelArg::I32(i32::from(after_quant))),
+        ]);
+        // companion fill without pq_quant: no primary (launched without the PDL
+        // attribute); after pq_quant: its programmatic dependent
+        let ix = if companion && !after_quant {
+            &ik.alone
+        } else {
+            &ik.index
+        };
+        let iargs = order.args(ix, &named, true)?;
+        // Bounds: pq_wfill writes weight elements 0 .. rows x s (ensure_buffers
+        // sized weight for that; rows x s < 2^31 checked by plan_step), any grid
+        // size. pq_index as pq_hist for hist/histn (here ihist/ihistn, new(): rows x
+        // HIST_COMBOS, rows), lvl, lut, codes and the outputs; ensure_buffers sized
+        // bkt for rows x HIST_COMBOS x capc (the kernel stores slots < CAPC = capc
+        // only) and new() the marks for rows x TP (the kernel's constexpr, kept in
+        // IndexKernels) and the arrival counters for rows. Companion fill: CTA (r, 0)
+        // writes row r's weights (r x s .. (r + 1) x s), CTA (r, 1) its heavy ones;
+        // the second of the two to arrive on ready[r] rewrites the row's ones and
+        // clears it. Else pq_index is a programmatic dependent of pq_wfill (its
+        // variant's launch_pdl) and waits for it before any weight; pq_wfill: one CTA
+        // per SM, so each leaves room for a pq_index CTA beside it (sm_80: no
+        // pq_wfill, each row CTA writes its own row). With pq_quant (its own Bounds:
+        // in quant()): pq_wfill (a plain launch), pq_quant (pq_wfill's dependent; the
+        // two write disjoint buffers; it waits for pq_wfill before it exits), pq_index
+        // (pq_quant's dependent, which waits for it before any code or weight, and so
+        // for pq_wfill). A kernel built without PDL (sm_80, an override) launches
+        // plainly after its predecessor, which orders the same stores.
+        let mut launches = Vec::with_capacity(3);
+        if plan.kind == StepKind::IndexWfill {
+            let fill = ik.wfill.as_ref().ok_or_else(|| not_built("pq_wfill"))?;
+            launches.push(Launch {
+                kernel: fill.clone(),
+                grid: [self.sm_count.max(1), 1, 1],
+                args: order.args(fill, &named, true)?,
+            });
+        }
+        launches.extend(quant);
+        launches.push(Launch {
+            kernel: ix.clone(),
+            grid: [rows as u32, 2, 1],
+            args: iargs,
+        });
+        Ok(launches)
+    }
+
     /// `pq_quant` over the new keys `n_old .. n` (`n > n_old`): grid `(P, B*H_kv*M)`,
     /// codes `n_old .. n` of every KV head, each CTA looping over every `P`-th tile of
     /// `BLOCK_N` keys, `P = min(cdiv(n - n_old, BLOCK_N), max(1, floor(SMs x CTAs per SM
     /// / (B*H_kv*M))))`: every CTA resident at once, so no CTA's tiles wait for a second
     /// round; the vector-load kernel where the key layout allows
-    /// ([`Kernels::quant_for`]).
+    /// ([`Kernels::quant_for`]). `chained`: launched as the programmatic dependent of
+    /// the launch before it (`pq_wfill`, see [`Self::index_launches`]), else plainly.
     ///
     /// Errors: an argument beyond its kernel's type, a grid row count beyond 65535.
-    fn quant(&self, key: &DeviceTensorRef, n_old: usize, n: usize) -> Result<Launch> {
+    fn quant(
+        &self,
+        key: &DeviceTensorRef,
+        n_old: usize,
+        n: usize,
+        chained: bool,
+    ) -> Result<Launch> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
         let cfg = &state.cfg;
         let (b, h_kv, d) = (state.shape.b, state.shape.h_kv, state.shape.d);
         let m = cfg.m();
         let q = ks.quant_for(key.buf.addr(), key.strides, cfg.d_sub(d));
-        let k = &q.kernel;
+        let k = if chained { &q.chained } else { &q.kernel };
         let args = order.args(
             k,
             &[
