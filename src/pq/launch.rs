@@ -184,43 +184,30 @@ impl StepLaunches<'_> {
         key: &DeviceTensorRef,
     ) -> Result<Vec<Launch>> {
         let (s, n) = (plan.s, plan.n);
-        if !plan.bulk_quantize {
-            return self.select_launches(plan, query, key, s, plan.n_old, n, None);
-        }
-        // the select kernels quantize keys n_old .. n: none where pq_quant ran first
-        let quant = self.quant(key, plan.n_old, n, plan.kind == StepKind::IndexWfill)?;
-        self.select_launches(plan, query, key, s, n, n, Some(quant))
-    }
-
-    /// The launches of `plan`: `quant` (`pq_quant` over the new keys, where it runs
-    /// first) and the select launches, whose kernels quantize keys `n_old .. n`
-    /// themselves. The indexed path places `quant` itself (see its arm); every other
-    /// path launches it first.
-    #[allow(clippy::too_many_arguments)]
-    fn select_launches(
-        &self,
-        plan: &StepPlan,
-        query: &DeviceTensorRef,
-        key: &DeviceTensorRef,
-        s: usize,
-        n_old: usize,
-        n: usize,
-        quant: Option<Launch>,
-    ) -> Result<Vec<Launch>> {
+        // pq_quant first where it runs; the select kernels then quantize keys n_old .. n,
+        // none after pq_quant
+        let (quant, n_old) = if plan.bulk_quantize {
+            let chained = plan.kind == StepKind::IndexWfill;
+            (Some(self.quant(key, plan.n_old, n, chained)?), n)
+        } else {
+            (None, plan.n_old)
+        };
         let indexed = matches!(
             plan.kind,
             StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion
         );
         if indexed {
+            // the indexed path places pq_quant itself
             return self.index_launches(plan, query, key, s, n_old, quant);
         }
         let mut launches: Vec<Launch> = quant.into_iter().collect();
-        launches.extend(self.other_launches(plan, query, key, s, n_old, n)?);
+        launches.extend(self.select_launches(plan, query, key, s, n_old, n)?);
         Ok(launches)
     }
 
-    /// The select launches of every path but the indexed one.
-    fn other_launches(
+    /// The select launches of `plan` (all but `pq_quant`), whose kernels quantize keys
+    /// `n_old .. n` themselves.
+    fn select_launches(
         &self,
         plan: &StepPlan,
         query: &DeviceTensorRef,
