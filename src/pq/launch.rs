@@ -192,11 +192,7 @@ impl StepLaunches<'_> {
         } else {
             (None, plan.n_old)
         };
-        let indexed = matches!(
-            plan.kind,
-            StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion
-        );
-        if indexed {
+        if plan.kind.is_index() {
             // the indexed path places pq_quant itself
             return self.index_launches(plan, query, key, s, n_old, quant);
         }
