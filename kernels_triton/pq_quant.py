@@ -201,12 +201,31 @@ def _quant_tiles(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_s
                  BLOCK_D: tl.constexpr, SPLIT16: tl.constexpr):
     """``pq_quant_kernel``'s key tiles ``program_id(0), + P, ..`` by ``_quant_tile`` (any
     ``K`` and ``d_s``: blocks of centroids and coordinates); returns whether a key may
-    need the direct form."""
+    need the direct form. With ``SPLIT16`` the metric's branch is taken once, outside two
+    loops specialized on it; the tf32x3 form keeps one loop that reads the metric per
+    centroid block: specialized, its loop measured slower (H200, NOTES.md "``pq_quant``'s
+    general loop": the fp32 reference step with 4096 new keys 136 -> 138 us euclidean,
+    141 -> 149 ip; one loop 131-133 and 136)."""
     any_bad = 0
-    for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
-        bad = _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
-                          d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D, SPLIT16)
-        any_bad = tl.maximum(any_bad, bad)
+    if SPLIT16:
+        if metric_ip != 0:
+            for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
+                bad = _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss,
+                                  K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, 1, BLOCK_N, BLOCK_C,
+                                  BLOCK_D, SPLIT16)
+                any_bad = tl.maximum(any_bad, bad)
+        else:
+            for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
+                bad = _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss,
+                                  K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, 0, BLOCK_N, BLOCK_C,
+                                  BLOCK_D, SPLIT16)
+                any_bad = tl.maximum(any_bad, bad)
+    else:
+        for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
+            bad = _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss, K,
+                              d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, 2, BLOCK_N, BLOCK_C, BLOCK_D,
+                              SPLIT16)
+            any_bad = tl.maximum(any_bad, bad)
     return any_bad
 
 
@@ -267,12 +286,15 @@ def _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m,
 
 @triton.jit
 def _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m, k_sb, k_sh, k_ss, K, d_s, d_c, cbase,
-                pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-                BLOCK_D: tl.constexpr, SPLIT16: tl.constexpr):
+                pbase, phi, pos0, t0, n_new, cap, metric_ip, IP: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT16: tl.constexpr):
     """Key tile ``tile`` of ``pq_quant_kernel``'s row ``row``: codes ``t0 + t`` for keys
     ``t = tile*BLOCK_N ..`` (``< n_new``) at positions ``pos0 + t`` by the expanded form.
     Returns 1 where a key of the tile needs the direct form (see the module docstring),
-    else 0."""
+    else 0. ``IP``: 0 euclidean, 1 ip (no branch on the metric per centroid block), 2
+    the metric ``metric_ip`` read at run time. Per centroid block one reduction gives
+    the smallest distance and its index; centroids past ``K`` get norm ``+inf`` (their
+    products are 0), so they never win."""
     t = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     tmask = t < n_new
     kbase = b * k_sb + g * k_sh + (pos0 + t).to(tl.int64) * k_ss + m * d_s  # [BLOCK_N]
@@ -304,21 +326,19 @@ def _quant_tile(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, tile, row, b, g, m
                 ct = tl.load(cent_ptr + cbase + offs_c[None, :] * d_c + offs_d[:, None], mask=cm, other=0.0)
                 acc = tl.dot(x, ct, acc, input_precision="tf32x3")
             xx += tl.sum(_mul_rn(x, x), axis=1)
-        cn = tl.load(cn_ptr + row * K + offs_c, mask=cmask, other=0.0)
-        if metric_ip != 0:
+        cn = tl.load(cn_ptr + row * K + offs_c, mask=cmask, other=float("inf"))
+        if (IP == 1) or ((IP == 2) and (metric_ip != 0)):
             aug = tl.sqrt(tl.maximum(phi - xx, 0.0))
             cl = tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
             acc += aug[:, None] * cl[None, :]
         cbad = tl.maximum(cbad, tl.max((cmask & ~(cn < SAFE)).to(tl.int32), axis=0))
-        dist = cn[None, :] - 2.0 * acc
-        dist = tl.where(cmask[None, :], dist, float("inf"))
-        dmin = tl.min(dist, axis=1)
-        cmin = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + cb
+        dmin, cmin = tl.min(cn[None, :] - 2.0 * acc, axis=1, return_indices=True, return_indices_tie_break_left=True)
+        cmin = cmin.to(tl.int32) + cb
         take = dmin < best_d  # strict: on a tie the earlier block (lower c) stays
         best_c = tl.where(take, cmin, best_c)
         best_d = tl.where(take, dmin, best_d)
     bad = ~(xx < SAFE) | (cbad != 0)
-    if metric_ip != 0:
+    if (IP == 1) or ((IP == 2) and (metric_ip != 0)):
         bad = bad | ~(phi < SAFE)
     tl.store(codes_ptr + row * cap + t0 + t, best_c.to(tl.uint8), mask=tmask)
     return tl.max((tmask & bad).to(tl.int32), axis=0)
