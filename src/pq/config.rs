@@ -480,7 +480,7 @@ impl PqConfig {
     /// `K = 2^pq_bits`, centroids per subvector (valid for `pq_bits <= 8`; validate
     /// first).
     pub fn k_centroids(&self) -> usize {
-        1usize << self.pq_bits.min(16)
+        k_centroids(self.pq_bits)
     }
 
     /// `M`, subvectors per key (alias of `pq_group_factor`).
@@ -490,16 +490,13 @@ impl PqConfig {
 
     /// Subvector dimension `d_s = D / M` (0 if `M == 0`; validate first).
     pub fn d_sub(&self, d: usize) -> usize {
-        d.checked_div(self.pq_group_factor).unwrap_or(0)
+        d_sub(self.pq_group_factor, d)
     }
 
     /// Centroid dimension `d_c`: `d_s` for euclidean, `d_s + 1` for ip (the extra
     /// coordinate is the ip-to-l2 augmentation).
     pub fn d_c(&self, d: usize) -> usize {
-        match self.metric {
-            Metric::Euclidean => self.d_sub(d),
-            Metric::Ip => self.d_sub(d) + 1,
-        }
+        d_c(self.metric, self.pq_group_factor, d)
     }
 
     /// Query heads per KV head, `G = H / H_kv` (same as [`Shape::group`]).
@@ -746,6 +743,26 @@ impl PqConfigOverrides {
             input_dtype: self.input_dtype.unwrap_or(base.input_dtype),
             weight_dtype: self.weight_dtype.unwrap_or(base.weight_dtype),
         }
+    }
+}
+
+/// `K = 2^bits` centroids per subvector (bits clamped to 16; valid for `bits <= 8`).
+/// Shared by [`PqConfig`] and the prefill's config.
+pub(crate) fn k_centroids(bits: u32) -> usize {
+    1usize << bits.min(16)
+}
+
+/// Subvector dimension `d_s = D / M` (0 if `M == 0`).
+pub(crate) fn d_sub(m: usize, d: usize) -> usize {
+    d.checked_div(m).unwrap_or(0)
+}
+
+/// Centroid dimension `d_c`: `d_s` for euclidean, `d_s + 1` for ip (the ip-to-l2
+/// augmentation coordinate).
+pub(crate) fn d_c(metric: Metric, m: usize, d: usize) -> usize {
+    match metric {
+        Metric::Euclidean => d_sub(m, d),
+        Metric::Ip => d_sub(m, d) + 1,
     }
 }
 

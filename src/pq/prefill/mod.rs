@@ -29,7 +29,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{DType, Metric, PqConfig, Size};
+use super::config::{self, DType, Metric, PqConfig, Size};
 use crate::error::{Error, Result};
 
 pub mod check;
@@ -212,7 +212,7 @@ impl PrefillConfig {
 
     /// `K = 2^pq_bits` centroids per group (valid for `pq_bits <= 8`; validate first).
     pub fn k_centroids(&self) -> usize {
-        1usize << self.pq_bits.min(16)
+        config::k_centroids(self.pq_bits)
     }
 
     /// `M`, subvectors per key (alias of `pq_group_factor`).
@@ -222,15 +222,12 @@ impl PrefillConfig {
 
     /// Subvector dimension `d_s = D / M` (0 if `M == 0`; validate first).
     pub fn d_sub(&self, d: usize) -> usize {
-        d.checked_div(self.pq_group_factor).unwrap_or(0)
+        config::d_sub(self.pq_group_factor, d)
     }
 
     /// Centroid dimension `d_c`: `d_s` for euclidean, `d_s + 1` for ip.
     pub fn d_c(&self, d: usize) -> usize {
-        match self.metric {
-            Metric::Euclidean => self.d_sub(d),
-            Metric::Ip => self.d_sub(d) + 1,
-        }
+        config::d_c(self.metric, self.pq_group_factor, d)
     }
 
     /// `n = S - init_offset`, keys clustered per group (0 when `s <= init_offset`).
