@@ -34,6 +34,7 @@ from pq_split import EMIT_FIXED, THRESH_FIXED, pq_emit_kernel, pq_thresh_kernel 
 
 SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset, small_int)
     "reference": (1, 32, 32, 32000, 128, 2, 6, 128, 128, 128, 128, False),
+    "practical": (1, 32, 8, 32768, 128, 2, 6, 128, 128, 3020, 128, False),
     "large": (4, 32, 32, 131072, 128, 2, 6, 128, 128, 128, 128, False),
     "ties_int_gqa": (1, 8, 2, 20000, 64, 2, 6, 64, 64, 128, 32, True),
     "S65536": (1, 32, 32, 65536, 128, 2, 6, 128, 128, 128, 128, False),

@@ -315,6 +315,13 @@ impl Device {
 
     /// Block until all work in this context is done. Errors: [`Error::Driver`] (also
     /// reports an error recorded earlier by a `Drop`).
+    ///
+    /// While any thread captures a graph on this device the driver refuses this wait
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and invalidates that capture, and racing
+    /// the capture's end it once crashed inside libcuda (driver 580, H200): wait for your
+    /// own streams instead where another thread may be capturing (see
+    /// [`crate::driver::KernelGraph::capture`]). Dropping the last handle to a loaded
+    /// module (a [`crate::runtime::Runtime`] and its kernels) makes this same wait.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx
             .synchronize()

@@ -17,38 +17,107 @@ use crate::error::{Error, Result};
 pub struct KernelGraph {
     graph: CudaGraph,
     nodes: Vec<sys::CUgraphNode>,
+    attempts: u32,
 }
 
 impl std::fmt::Debug for KernelGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KernelGraph")
             .field("kernel_nodes", &self.nodes.len())
+            .field("capture_attempts", &self.attempts)
             .finish()
     }
 }
 
+/// Pause before the second capture attempt; it doubles for each further one (0.5 ms ..
+/// 32 ms, 63.5 ms in all over [`KernelGraph::CAPTURE_ATTEMPTS`]).
+const CAPTURE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+
 impl KernelGraph {
+    /// Captures [`KernelGraph::capture`] begins before it gives up on a capture that keeps
+    /// being invalidated.
+    pub const CAPTURE_ATTEMPTS: u32 = 8;
+
     /// Capture what `issue` launches on `stream` (thread-local capture mode) into a graph
     /// and instantiate it. Nothing runs until [`KernelGraph::launch`].
     ///
+    /// A capture the driver invalidates is begun again: after a pause of 0.5 ms, doubling
+    /// each time, up to [`KernelGraph::CAPTURE_ATTEMPTS`] captures in all. Nothing
+    /// captured has run, so `issue` must only enqueue work on the stream it is given (it
+    /// may be called more than once); [`KernelGraph::capture_attempts`] says how many it
+    /// took. The driver invalidates a capture when a capture-unsafe call reaches the
+    /// context meanwhile: from the capturing thread, or from any thread for a wait on the
+    /// whole context (`cuCtxSynchronize`, which [`crate::driver::Device::synchronize`] and
+    /// a module unload make), whatever the capture mode. Measured on an H200 with driver
+    /// 580 (`tests/core_gpu.rs`, NOTES.md "graph captures beside other threads"): a
+    /// context wait on another thread also fails itself (`CUDA_ERROR_STREAM_CAPTURE_
+    /// UNSUPPORTED`) and, racing the capture's end, once crashed inside libcuda; so keep
+    /// context-wide waits and runtime drops off other threads while one captures.
+    ///
     /// Errors: `issue`'s error (the capture is ended first); the driver's, beginning or
-    /// ending the capture; [`Error::Invalid`] when nothing was captured.
+    /// ending the capture; where every attempt broke, the last one's
+    /// `CUDA_ERROR_STREAM_CAPTURE_*` naming the attempts and what `issue` said;
+    /// [`Error::Invalid`] when nothing was captured.
     pub fn capture(
         stream: &Arc<CudaStream>,
-        issue: impl FnOnce(&Arc<CudaStream>) -> Result<()>,
+        mut issue: impl FnMut(&Arc<CudaStream>) -> Result<()>,
     ) -> Result<KernelGraph> {
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| driver_err("beginning graph capture", e))?;
-        let issued = issue(stream);
-        let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        issued?;
-        let graph = ended
-            .map_err(|e| driver_err("ending graph capture", e))?
-            .ok_or_else(|| Error::invalid("graph capture", "the captured graph is empty"))?;
-        // SAFETY: `graph` was just instantiated, is owned here and nothing else holds it.
-        let nodes = unsafe { graph_kernel_nodes(graph.cu_graph())? };
-        Ok(KernelGraph { graph, nodes })
+        let mut pause = CAPTURE_RETRY_PAUSE;
+        let mut attempt = 1;
+        loop {
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| driver_err("beginning graph capture", e))?;
+            let issued = issue(stream);
+            let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            let invalidated = matches!(&ended, Err(e) if capture_broke(e.0));
+            if invalidated && attempt < Self::CAPTURE_ATTEMPTS {
+                std::thread::sleep(pause);
+                pause *= 2;
+                attempt += 1;
+                continue;
+            }
+            let graph = match ended {
+                Err(e) if invalidated => {
+                    let said = issued
+                        .err()
+                        .map(|i| format!("; the last attempt's issue said: {i}"))
+                        .unwrap_or_default();
+                    return Err(driver_err(
+                        format!(
+                            "ending graph capture ({} attempts, each invalidated by a \
+                             capture-unsafe call: a context-wide wait or module unload on this \
+                             device, or one made while issuing){said}",
+                            Self::CAPTURE_ATTEMPTS
+                        ),
+                        e,
+                    ));
+                }
+                Err(e) => {
+                    issued?;
+                    return Err(driver_err("ending graph capture", e));
+                }
+                Ok(graph) => {
+                    issued?;
+                    graph.ok_or_else(|| {
+                        Error::invalid("graph capture", "the captured graph is empty")
+                    })?
+                }
+            };
+            // SAFETY: `graph` was just instantiated, is owned here and nothing else holds it.
+            let nodes = unsafe { graph_kernel_nodes(graph.cu_graph())? };
+            return Ok(KernelGraph {
+                graph,
+                nodes,
+                attempts: attempt,
+            });
+        }
+    }
+
+    /// Captures begun to make this graph: 1, or more where another thread invalidated
+    /// earlier ones (see [`KernelGraph::capture`]).
+    pub fn capture_attempts(&self) -> u32 {
+        self.attempts
     }
 
     /// Kernel nodes, in launch order.
@@ -93,6 +162,19 @@ impl KernelGraph {
         // signature check in `update_graph_node`).
         unsafe { kernel.update_graph_node(self.graph.cu_graph_exec(), node, grid, args) }
     }
+}
+
+/// Whether `code` says the capture sequence itself broke (`CUDA_ERROR_STREAM_CAPTURE_*`:
+/// invalidated, an unsupported or implicit-dependency call during it), so that beginning
+/// it again may succeed.
+fn capture_broke(code: sys::cudaError_enum) -> bool {
+    use sys::cudaError_enum as E;
+    matches!(
+        code,
+        E::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+            | E::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            | E::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    )
 }
 
 /// The kernel nodes of `graph`, in the order the driver lists them (for a graph

@@ -29,14 +29,22 @@ pub fn test_seed() -> u64 {
 /// The runtime on CUDA device 0 with `TRITONRT_PTX_CACHE` (default: this crate's
 /// `ptx_cache/`), or `None` after a visible skip message naming `what` where this machine
 /// has no CUDA driver or device.
+///
+/// One runtime per test process, shared by its tests and never dropped: a runtime's drop
+/// unloads its modules after a wait on the whole context, and such a wait on one test's
+/// thread invalidates a graph another test's thread is capturing (the driver refuses it
+/// during any capture on the device; see `KernelGraph::capture`).
 #[allow(dead_code)] // only the GPU test crates open a runtime this way
 pub fn gpu_runtime(what: &str) -> Option<std::sync::Arc<tritonrt::runtime::Runtime>> {
-    let ptx = std::env::var("TRITONRT_PTX_CACHE")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache").to_string());
-    match tritonrt::pq::gpu::open_runtime(0, std::path::Path::new(&ptx))
-        .expect("opening the runtime")
-    {
-        Ok(rt) => Some(rt),
+    use std::sync::{Arc, OnceLock};
+    static SHARED: OnceLock<Result<Arc<tritonrt::runtime::Runtime>, String>> = OnceLock::new();
+    let opened = SHARED.get_or_init(|| {
+        let ptx = std::env::var("TRITONRT_PTX_CACHE")
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/ptx_cache").to_string());
+        tritonrt::pq::gpu::open_runtime(0, std::path::Path::new(&ptx)).expect("opening the runtime")
+    });
+    match opened {
+        Ok(rt) => Some(rt.clone()),
         Err(why) => {
             skip!("{what} need a CUDA device: {why}");
             None
