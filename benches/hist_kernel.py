@@ -198,7 +198,12 @@ class Step:
         B, H, M, bits = self.shape[0], self.shape[1], self.shape[5], self.shape[6]
         t = self.lut.view(torch.int64).view(B * H, M * (1 << bits) // 2)[:, :6].double()
         d = (t[:, 1:] - t[:, :-1]) / 1e3
-        return d.median(0).values.tolist() + [float((t[:, 5] - t[:, 0]).median() / 1e3)]
+        # the launch lasts as long as its slowest row: the rows' spread, and when the
+        # first and last rows started and ended (us after the first start)
+        tot = (t[:, 5] - t[:, 0]) / 1e3
+        self.spread = (float(d[:, 3].min()), float(d[:, 3].max()), float(tot.min()), float(tot.max()),
+                       float((t[:, 0].max() - t[:, 0].min()) / 1e3), float((t[:, 5].max() - t[:, 0].min()) / 1e3))
+        return d.median(0).values.tolist() + [float(tot.median())]
 
 
 def check(st, cb):
@@ -360,6 +365,8 @@ def main():
                 print(f"phases {name} TILE={tile} {tag} (us): delta {ph[0]:.2f} lut {ph[1]:.2f} "
                       f"load {ph[2]:.2f} rounds {ph[3]:.2f} {'classes' if a.split else 'emit'} {ph[4]:.2f} "
                       f"total {ph[5]:.2f}{extra}", flush=True)
+                print("  rows: rounds {:.2f}..{:.2f}, total {:.2f}..{:.2f}, starts spread {:.2f}, "
+                      "last end {:.2f} us after the first start".format(*st.spread), flush=True)
                 res = "ok" if not errs else "FAIL " + "; ".join(errs)
                 rows.append((name, tile, tag, res, (gpu, wall), f"{ck.n_regs}r/{ck.n_spills}s", first_us))
                 print(rows[-1], flush=True)
