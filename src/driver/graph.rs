@@ -49,10 +49,10 @@ impl KernelGraph {
     /// context meanwhile: from the capturing thread, or from any thread for a wait on the
     /// whole context (`cuCtxSynchronize`, which [`crate::driver::Device::synchronize`] and
     /// a module unload make), whatever the capture mode. Measured on an H200 with driver
-    /// 580 (`tests/core_gpu.rs`, NOTES.md "graph captures beside other threads"): a
-    /// context wait on another thread also fails itself (`CUDA_ERROR_STREAM_CAPTURE_
-    /// UNSUPPORTED`) and, racing the capture's end, once crashed inside libcuda; so keep
-    /// context-wide waits and runtime drops off other threads while one captures.
+    /// 580 (NOTES.md "graph captures beside other threads"): a context wait on another
+    /// thread also fails itself (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and, racing the
+    /// capture's end, once crashed inside libcuda; so keep context-wide waits and runtime
+    /// drops off other threads while one captures.
     ///
     /// Errors: `issue`'s error (the capture is ended first); the driver's, beginning or
     /// ending the capture; where every attempt broke, the last one's

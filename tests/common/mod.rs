@@ -52,6 +52,36 @@ pub fn gpu_runtime(what: &str) -> Option<std::sync::Arc<tritonrt::runtime::Runti
     }
 }
 
+/// CUDA device 0 and a runtime over the test fixtures' ptx_cache
+/// (`TRITONRT_TEST_FIXTURES`, default `tests/fixtures`) with its own cubin cache in the
+/// returned temp dir (keep it while the runtime is used), or `None` after a visible skip
+/// message naming `test` where this machine has no CUDA driver or device.
+#[allow(dead_code)] // only the crates testing the runtime on the axpy fixture use it
+pub fn fixture_runtime(
+    test: &str,
+) -> Option<(
+    std::sync::Arc<tritonrt::driver::Device>,
+    std::sync::Arc<tritonrt::runtime::Runtime>,
+    tempfile::TempDir,
+)> {
+    let dev = match tritonrt::driver::probe_driver().and_then(|_| tritonrt::driver::Device::new(0))
+    {
+        Ok(d) => d,
+        Err(e) => {
+            skip!("{test}: no CUDA device: {e}");
+            return None;
+        }
+    };
+    let fixtures = std::env::var_os("TRITONRT_TEST_FIXTURES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"));
+    let store = tritonrt::artifact::ArtifactStore::open(fixtures.join("ptx_cache")).unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let cache = tritonrt::jit::CubinCache::new(t.path()).unwrap();
+    let rt = tritonrt::runtime::Runtime::new(dev.clone(), store, cache);
+    Some((dev, rt, t))
+}
+
 /// Run the `tritonrt` binary with `args`, the environment defaults of `run` (backend,
 /// workload, seed) removed so the arguments alone decide: `(exit code, stdout, stderr)`.
 #[allow(dead_code)] // not every test crate that includes this module runs the CLI
