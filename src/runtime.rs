@@ -84,6 +84,10 @@ impl Runtime {
         if let Some(k) = self.kernels.read().get(id) {
             return Ok(k.clone());
         }
+        // The module load below waits for graph captures on other threads; take that
+        // gate before the loader lock, so a capture that needs a kernel loaded (and so
+        // this lock) is never waited for by a thread holding it.
+        let _gate = crate::driver::gate::exclusive();
         // One loader at a time, so two threads never JIT the same variant twice.
         let _guard = self.loading.lock();
         if let Some(k) = self.kernels.read().get(id) {

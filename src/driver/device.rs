@@ -316,13 +316,15 @@ impl Device {
     /// Block until all work in this context is done. Errors: [`Error::Driver`] (also
     /// reports an error recorded earlier by a `Drop`).
     ///
-    /// While any thread captures a graph on this device the driver refuses this wait
-    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and invalidates that capture, and racing
-    /// the capture's end it once crashed inside libcuda (driver 580, H200): wait for your
-    /// own streams instead where another thread may be capturing (see
-    /// [`crate::driver::KernelGraph::capture`]). Dropping the last handle to a loaded
-    /// module (a [`crate::runtime::Runtime`] and its kernels) makes this same wait.
+    /// Waits first for every graph capture in a [`crate::driver::CaptureScope`] on another
+    /// thread to end ([`crate::driver::KernelGraph::capture`] holds one): the driver
+    /// refuses a context-wide wait during a capture (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`)
+    /// and invalidates that capture, and racing the capture's end it once crashed inside
+    /// libcuda (driver 580, H200). Called from inside a capture on this thread, it reaches
+    /// the driver at once and fails so. Loading a module and dropping the last handle to
+    /// one (a [`crate::runtime::Runtime`] and its kernels) wait the same way.
     pub fn synchronize(&self) -> Result<()> {
+        let _gate = super::gate::exclusive();
         self.ctx
             .synchronize()
             .map_err(|e| driver_err("synchronizing the context", e))?;
@@ -341,6 +343,8 @@ impl Device {
             return Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_IMAGE));
         }
         self.ctx.bind_to_thread()?;
+        // a module load invalidates graph captures on other threads: wait for them
+        let _gate = super::gate::exclusive();
         // SAFETY: `cubin` is a complete ELF image (magic checked above; callers pass
         // bytes whose size and sha256 were verified), so the driver's reads, which follow
         // the ELF header's own sizes, stay inside the slice. The slice outlives the call
@@ -600,6 +604,8 @@ impl Drop for Module {
         // synchronize the context first (modules are dropped rarely: at shutdown or when
         // a Runtime goes away). Errors are recorded in the context, never panicked on.
         self.ctx.record_err(self.ctx.bind_to_thread());
+        // (after any graph capture on another thread: see `gate`)
+        let _gate = super::gate::exclusive();
         self.ctx.record_err(self.ctx.synchronize());
         // SAFETY: `raw` was loaded by Device::load_module and is unloaded exactly once,
         // here, after the context has drained.

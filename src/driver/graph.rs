@@ -47,12 +47,14 @@ impl KernelGraph {
     /// may be called more than once); [`KernelGraph::capture_attempts`] says how many it
     /// took. The driver invalidates a capture when a capture-unsafe call reaches the
     /// context meanwhile: from the capturing thread, or from any thread for a wait on the
-    /// whole context (`cuCtxSynchronize`, which [`crate::driver::Device::synchronize`] and
-    /// a module unload make), whatever the capture mode. Measured on an H200 with driver
-    /// 580 (NOTES.md "graph captures beside other threads"): a context wait on another
-    /// thread also fails itself (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and, racing the
-    /// capture's end, once crashed inside libcuda; so keep context-wide waits and runtime
-    /// drops off other threads while one captures.
+    /// whole context (`cuCtxSynchronize`) or a module load or unload, whatever the capture
+    /// mode; on an H200 with driver 580 such a call on another thread also failed itself
+    /// and, racing the capture's end, once crashed inside libcuda (NOTES.md "graph
+    /// captures beside other threads"). So each attempt runs in a
+    /// [`crate::driver::CaptureScope`]: tritonrt's own context-wide calls on other threads
+    /// ([`crate::driver::Device::synchronize`], module loads, runtime and kernel drops)
+    /// wait until it ends. Calls that bypass tritonrt (an engine's own
+    /// `cuCtxSynchronize`) are not held back, and are what the retries are for.
     ///
     /// Errors: `issue`'s error (the capture is ended first); the driver's, beginning or
     /// ending the capture; where every attempt broke, the last one's
@@ -65,11 +67,13 @@ impl KernelGraph {
         let mut pause = CAPTURE_RETRY_PAUSE;
         let mut attempt = 1;
         loop {
+            let scope = super::gate::capture_scope();
             stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(|e| driver_err("beginning graph capture", e))?;
             let issued = issue(stream);
             let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            drop(scope);
             let invalidated = matches!(&ended, Err(e) if capture_broke(e.0));
             if invalidated && attempt < Self::CAPTURE_ATTEMPTS {
                 std::thread::sleep(pause);

@@ -504,7 +504,15 @@ impl Kernel {
         };
         let mut table = self.scratch.lock();
         // A dropped stream's buffers may still be in use by work it queued: drain the
-        // context before freeing them (rare: only when streams come and go).
+        // context before freeing them (rare: only when streams come and go). The wait
+        // takes the capture gate, which is never waited for with the table locked (a
+        // capture on another thread may be launching this kernel).
+        let mut _gate = None;
+        if table.iter().any(|s| s.stream.strong_count() == 0) {
+            drop(table);
+            _gate = super::gate::exclusive();
+            table = self.scratch.lock();
+        }
         if table.iter().any(|s| s.stream.strong_count() == 0) {
             self.device
                 .context()
@@ -735,6 +743,7 @@ impl Drop for Kernel {
             .any(|s| !s.global.is_empty() || !s.profile.is_empty())
         {
             let ctx = self.device.context();
+            let _gate = super::gate::exclusive();
             ctx.record_err(ctx.synchronize());
         }
         // the buffers are freed here, after the synchronization

@@ -9,6 +9,7 @@
 
 pub mod buffer;
 pub mod device;
+pub mod gate;
 pub mod graph;
 pub mod kernel;
 pub(crate) mod tma;
@@ -17,5 +18,6 @@ pub use buffer::{AllocError, DevBuf, DeviceBuf, DeviceDtype};
 pub use device::{
     driver_err, driver_error_strings, probe_driver, Device, DeviceSummary, Module, DRIVER_LIB,
 };
+pub use gate::{capture_scope, CaptureScope};
 pub use graph::KernelGraph;
 pub use kernel::{BuiltCubin, CacheOutcome, Kernel, LoadInfo};

@@ -30,10 +30,9 @@ pub fn test_seed() -> u64 {
 /// `ptx_cache/`), or `None` after a visible skip message naming `what` where this machine
 /// has no CUDA driver or device.
 ///
-/// One runtime per test process, shared by its tests and never dropped: a runtime's drop
-/// unloads its modules after a wait on the whole context, and such a wait on one test's
-/// thread invalidates a graph another test's thread is capturing (the driver refuses it
-/// during any capture on the device; see `KernelGraph::capture`).
+/// One runtime per test process, shared by its tests and never dropped, so each kernel is
+/// loaded once per process. (A runtime dropped on one test's thread while another captures
+/// would be safe too: its unloads wait for the capture, `tritonrt::driver::CaptureScope`.)
 #[allow(dead_code)] // only the GPU test crates open a runtime this way
 pub fn gpu_runtime(what: &str) -> Option<std::sync::Arc<tritonrt::runtime::Runtime>> {
     use std::sync::{Arc, OnceLock};
