@@ -18,6 +18,17 @@ use tritonrt::driver::{DeviceBuf, Kernel, KernelGraph};
 
 const BLOCK: usize = 1024;
 
+/// Fresh axpy inputs: `(seed, n, x, y, a)` with `n` just past `min_n` (a partial last
+/// CTA), `x`, `y` in [-100, 100), `a` in [0.5, 3).
+fn axpy_inputs(min_n: usize) -> (u64, usize, Vec<f32>, Vec<f32>, f32) {
+    let s = common::test_seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(s);
+    let n = min_n + rng.random_range(1..BLOCK - 1);
+    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-100.0f32..100.0)).collect();
+    let y: Vec<f32> = (0..n).map(|_| rng.random_range(-100.0f32..100.0)).collect();
+    (s, n, x, y, rng.random_range(0.5f32..3.0))
+}
+
 /// The tests of this crate run one at a time (a capture invalidated on purpose on one
 /// thread may take another thread's capture with it).
 static TURNS: Mutex<()> = Mutex::new(());
@@ -37,12 +48,7 @@ fn graph_capture_begins_an_invalidated_capture_again() {
     };
     let k = rt.default_kernel("axpy_kernel").unwrap();
     let stream = dev.new_stream().unwrap();
-    let s = common::test_seed();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(s);
-    let n = 65536 + rng.random_range(1..BLOCK - 1);
-    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-100.0f32..100.0)).collect();
-    let y: Vec<f32> = (0..n).map(|_| rng.random_range(-100.0f32..100.0)).collect();
-    let a: f32 = rng.random_range(0.5f32..3.0);
+    let (s, n, x, y, a) = axpy_inputs(65536);
     let xd = stream.clone_htod(&x).unwrap();
     let yd = stream.clone_htod(&y).unwrap();
     let mut outd = stream.clone_htod(&vec![f32::NAN; n]).unwrap();
@@ -121,12 +127,7 @@ fn context_wide_calls_on_other_threads_wait_for_captures() {
     let k = rt.default_kernel("axpy_kernel").unwrap();
     let variant = k.variant().clone();
     let built = rt.cache().get_or_build(&dev, rt.store(), &variant).unwrap();
-    let s = common::test_seed();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(s);
-    let n = 4096 + rng.random_range(1..BLOCK - 1);
-    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-100.0f32..100.0)).collect();
-    let y: Vec<f32> = (0..n).map(|_| rng.random_range(-100.0f32..100.0)).collect();
-    let a: f32 = rng.random_range(0.5f32..3.0);
+    let (s, n, x, y, a) = axpy_inputs(4096);
     let grid = [n.div_ceil(BLOCK) as u32, 1, 1];
     let args =
         |st: &Arc<CudaStream>, xd: &CudaSlice<f32>, yd: &CudaSlice<f32>, out: &CudaSlice<f32>| {
