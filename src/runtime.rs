@@ -86,7 +86,8 @@ impl Runtime {
         }
         // The module load below waits for graph captures on other threads; take that
         // gate before the loader lock, so a capture that needs a kernel loaded (and so
-        // this lock) is never waited for by a thread holding it.
+        // this lock) is never waited for by a thread holding it. It is held through a
+        // JIT as well (a cold cache only): captures begun meanwhile wait for it.
         let _gate = crate::driver::gate::exclusive();
         // One loader at a time, so two threads never JIT the same variant twice.
         let _guard = self.loading.lock();

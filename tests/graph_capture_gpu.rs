@@ -29,6 +29,24 @@ fn axpy_inputs(min_n: usize) -> (u64, usize, Vec<f32>, Vec<f32>, f32) {
     (s, n, x, y, rng.random_range(0.5f32..3.0))
 }
 
+/// The axpy kernel's arguments on `st`: `out = a * x + y` over `out.len()` elements
+/// (`x`, `y` and `out` of one length; the kernel touches indices below it).
+fn axpy_args(
+    st: &Arc<CudaStream>,
+    x: &CudaSlice<f32>,
+    y: &CudaSlice<f32>,
+    out: &CudaSlice<f32>,
+    a: f32,
+) -> Vec<KernelArg> {
+    vec![
+        KernelArg::Buf(DeviceBuf::of(x, st)),
+        KernelArg::Buf(DeviceBuf::of(y, st)),
+        KernelArg::Buf(DeviceBuf::of(out, st)),
+        KernelArg::F32(a),
+        KernelArg::I32(out.len() as i32),
+    ]
+}
+
 /// The tests of this crate run one at a time (a capture invalidated on purpose on one
 /// thread may take another thread's capture with it).
 static TURNS: Mutex<()> = Mutex::new(());
@@ -54,18 +72,7 @@ fn graph_capture_begins_an_invalidated_capture_again() {
     let mut outd = stream.clone_htod(&vec![f32::NAN; n]).unwrap();
     let grid = [n.div_ceil(BLOCK) as u32, 1, 1];
     let axpy = |st: &Arc<CudaStream>, out: &CudaSlice<f32>| {
-        // Bounds: x, y and out hold n elements; the kernel touches indices < n.
-        k.launch(
-            st,
-            grid,
-            &[
-                KernelArg::Buf(DeviceBuf::of(&xd, st)),
-                KernelArg::Buf(DeviceBuf::of(&yd, st)),
-                KernelArg::Buf(DeviceBuf::of(out, st)),
-                KernelArg::F32(a),
-                KernelArg::I32(n as i32),
-            ],
-        )
+        k.launch(st, grid, &axpy_args(st, &xd, &yd, out, a))
     };
 
     let mut calls = 0;
@@ -129,16 +136,6 @@ fn context_wide_calls_on_other_threads_wait_for_captures() {
     let built = rt.cache().get_or_build(&dev, rt.store(), &variant).unwrap();
     let (s, n, x, y, a) = axpy_inputs(4096);
     let grid = [n.div_ceil(BLOCK) as u32, 1, 1];
-    let args =
-        |st: &Arc<CudaStream>, xd: &CudaSlice<f32>, yd: &CudaSlice<f32>, out: &CudaSlice<f32>| {
-            vec![
-                KernelArg::Buf(DeviceBuf::of(xd, st)),
-                KernelArg::Buf(DeviceBuf::of(yd, st)),
-                KernelArg::Buf(DeviceBuf::of(out, st)),
-                KernelArg::F32(a),
-                KernelArg::I32(n as i32),
-            ]
-        };
     let want: Vec<u32> = (0..n).map(|i| a.mul_add(x[i], y[i]).to_bits()).collect();
 
     const CAPTURES: usize = 300;
@@ -155,7 +152,8 @@ fn context_wide_calls_on_other_threads_wait_for_captures() {
                 dev.synchronize().expect("a context wait beside a capture");
                 waits += 1;
                 let mine = Kernel::load(&dev, &variant, &built).unwrap();
-                mine.launch(&st, grid, &args(&st, &xd, &yd, &outd)).unwrap();
+                mine.launch(&st, grid, &axpy_args(&st, &xd, &yd, &outd, a))
+                    .unwrap();
                 drop(mine);
                 loads += 1;
             }
@@ -170,8 +168,10 @@ fn context_wide_calls_on_other_threads_wait_for_captures() {
         let mut attempts = Vec::with_capacity(CAPTURES);
         let mut bad = 0usize;
         for c in 0..CAPTURES {
-            let g = KernelGraph::capture(&st, |gs| k.launch(gs, grid, &args(gs, &xd, &yd, &outd)))
-                .unwrap();
+            let g = KernelGraph::capture(&st, |gs| {
+                k.launch(gs, grid, &axpy_args(gs, &xd, &yd, &outd, a))
+            })
+            .unwrap();
             attempts.push(g.capture_attempts());
             if c % 30 == 0 {
                 st.memcpy_htod(&vec![f32::NAN; n], &mut outd).unwrap();
