@@ -36,6 +36,7 @@ SHAPES = {  # name: (B, H, H_kv, S, D, M, bits, sink, window, heavy, init_offset
     "reference": (1, 32, 32, 32000, 128, 2, 6, 128, 128, 128, 128, False),
     "practical": (1, 32, 8, 32768, 128, 2, 6, 128, 128, 3020, 128, False),
     "large": (4, 32, 32, 131072, 128, 2, 6, 128, 128, 128, 128, False),
+    "plarge": (4, 32, 8, 131072, 128, 2, 6, 128, 128, 12851, 128, False),
     "ties_int_gqa": (1, 8, 2, 20000, 64, 2, 6, 64, 64, 128, 32, True),
     "S65536": (1, 32, 32, 65536, 128, 2, 6, 128, 128, 128, 128, False),
     "S8192": (1, 32, 32, 8192, 128, 2, 6, 128, 128, 128, 128, False),
@@ -95,6 +96,10 @@ class Step:
         self.need = torch.zeros(rows, dtype=torch.int32, device="cuda")
         self.flag = torch.zeros(rows * (S_max // tile + 2), dtype=torch.int64, device="cuda")
         self.ctr = torch.zeros(1, dtype=torch.int32, device="cuda")
+        # split: the combinations' classes (kernels that take them: an A/B run may load an
+        # older kernels_triton/ whose pq_thresh and pq_emit do not)
+        self.by_class = "cls_ptr" in pq_emit_kernel.arg_names
+        self.cls = torch.zeros(rows, FIXED["NC"], dtype=torch.uint8, device="cuda")
         self.twarps = 8  # split: pq_thresh's warps
         self.index = False  # pq_index (TILE, warps: its fallback emit's, its own)
         self.capc = max(16, 4 * -(-n_old // FIXED["NC"]))
@@ -131,7 +136,7 @@ class Step:
         c = self.cfg
         return pq_thresh_kernel[(B * H, 2)](
             self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bnd,
-            self.need, self.flag, self.ctr, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
+            self.need, self.flag, self.ctr, *([self.cls] if self.by_class else []), H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
             D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, self.parts(),
             MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels),
             num_warps=self.twarps, num_stages=1)
@@ -141,10 +146,12 @@ class Step:
         B, H, H_kv, M, bits = self.shape[0], self.shape[1], self.shape[2], self.shape[5], self.shape[6]
         c = self.cfg
         NP = self.parts()
+        cls = [self.cls] if self.by_class else []
+        by_class = [1] if self.by_class else []
         return pq_emit_kernel[(B * H * NP, )](
-            self.codes, self.lut, self.bnd, self.need, self.flag, self.ctr, self.sl, self.len, self.w, H,
+            self.codes, self.lut, self.bnd, self.need, self.flag, self.ctr, self.sl, self.len, self.w, *cls, H,
             H // H_kv, M, 1 << bits, self.S, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], NP,
-            MP=2, TILE=self.tile, **EMIT_FIXED, num_warps=self.warps, num_stages=1)
+            *by_class, MP=2, TILE=self.tile, **EMIT_FIXED, num_warps=self.warps, num_stages=1)
 
     def __call__(self):
         B, H, H_kv, _, D, M, bits = self.shape[:7]

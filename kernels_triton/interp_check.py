@@ -134,17 +134,19 @@ def run_split(st, S, n_old, cfg, tile, mp=2):
     need = Arr(np.full(rows, -7, np.int32))
     flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_thresh zeroes them
     ctr = Arr(np.full(1, 12345, np.int32))
+    # the combinations' classes, poisoned: a class pq_thresh did not write reads as sure
+    cls = Arr(np.full((rows, THRESH_FIXED["NC"]), 255, np.uint8))
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
     pq_thresh_kernel[(rows, 2)](
-        q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], bnd, need, flag, ctr,
+        q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], bnd, need, flag, ctr, cls,
         H * D, D, H_kv * Sk * D, Sk * D, D,
         H, H // H_kv, M, K, bits, D // M, S, n_old, st["cap"], cfg["heavy"], cfg["init_offset"], cfg["window"],
         st["metric_ip"], NP, MP=mp, **THRESH_FIXED, num_warps=4)
     assert not flag.a.any() and ctr.a[0] == 0, "pq_thresh left the emit's flags or counter non-zero"
     pq_emit_kernel[(rows * NP, )](
-        st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, H, H // H_kv, M, K, S, st["cap"], cfg["sink"],
-        cfg["window"], cfg["heavy"], cfg["init_offset"], NP, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)
+        st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, cls, H, H // H_kv, M, K, S, st["cap"], cfg["sink"],
+        cfg["window"], cfg["heavy"], cfg["init_offset"], NP, 1, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)
     assert ctr.a[0] == rows * NP, f"emit tickets {ctr.a[0]} != {rows * NP} CTAs"
     assert np.all(flag.a >= (1 << 62)), "an emit part did not publish its counts"
     return sl.a, ln.a, w.a

@@ -73,8 +73,9 @@ def run_range(st, S, n_old, cfg, tile, rtile, mp, reverse=False):
             assert not st["rtick"].a.any(), "a round left its counter non-zero"
         assert np.all(rst.a[:, 3] == 1), f"rows not resolved after {LEVELS} rounds: {np.flatnonzero(rst.a[:, 3] != 1)}"
         pq_emit_kernel[(rows * NP, )](
-            st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, H, G, M, K, S, st["cap"], cfg["sink"],
-            cfg["window"], cfg["heavy"], io, NP, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)
+            # cls_ptr: the codes, never read (by_class = 0: the radix path scores its keys)
+            st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, st["codes"], H, G, M, K, S, st["cap"],
+            cfg["sink"], cfg["window"], cfg["heavy"], io, NP, 0, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)
     assert ctr.a[0] == rows * NP, f"emit tickets {ctr.a[0]} != {rows * NP} CTAs"
     return (sl.a, ln.a, w.a), rounds
 

@@ -64,7 +64,7 @@ import triton.language as tl
 from kspec import Kernel, i32, i64, ptr, single
 from pq_hist import FIXED as HIST_FIXED, _row_ids, _row_threshold
 from pq_ragged import _rg_row, f64
-from pq_split import _emit_part, _part_scores
+from pq_split import _emit_part, _part_scores, _score_bits
 
 
 @triton.jit
@@ -168,10 +168,9 @@ def pq_rgsemit_kernel(
             j0 = c * TILE
             j = j0 + wd[:, None] * 32 + lane[None, :]
             sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
-            t_sure = tl.load(bnd_ptr + 2 * r64)
-            t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
+            ge_s, ge_m = _score_bits(sc, tl.load(bnd_ptr + 2 * r64), tl.load(bnd_ptr + 2 * r64 + 1), lane)
             need = tl.load(need_ptr + r)
-            _emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane,
+            _emit_part(ge_s, ge_m, need, flag_ptr + r64 * NP, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane,
                        S, sa, n, w0, k, s_sink, s_win, io, NW, TILE, QB)
             if (c == 0) & (h == 0):
                 tl.store(nc_ptr + b, n.to(tl.int64))

@@ -8,16 +8,21 @@ row (tens of thousands of keys, ~55 instructions each) runs on B*H SMs only. Her
 histogram moved to the candidates, lookup table, threshold rounds) and the new keys'
 quantization, then per row the class bounds ``bnd f32 [B*H, 2]`` = ``(t_sure,
 t_maybe)`` (every candidate scoring >= t_sure is taken, those scoring in [t_maybe,
-t_sure) in position order while fewer than ``need[r]`` are) and ``need i32 [B*H]``; the
-head's lookup table stays in ``lut f32 [B*H, M, K]`` for the emit. It also zeroes the
-emit's part flags ``flag i64 [B*H, NP]`` and its ticket counter ``ctr i32 [1]``.
+t_sure) in position order while fewer than ``need[r]`` are), ``need i32 [B*H]`` and each
+code combination's class by those bounds, ``cls u8 [B*H, NC]`` (bit 1: its score ranks
+``>= t_sure``; bit 0: ``>= t_maybe``; combination ``sum_m code_m K^(M-1-m)``); the head's
+lookup table stays in ``lut f32 [B*H, M, K]``. It also zeroes the emit's part flags
+``flag i64 [B*H, NP]`` and its ticket counter ``ctr i32 [1]``.
 
 ``pq_emit_kernel``, grid ``(B*H*NP,)`` with ``NP = cdiv(n, TILE)``, ``n = S -
 init_offset``: each CTA takes a ticket (atomic counter) naming its row and part ``c``,
-covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). It scores all its keys
-from the lookup table (one f32 gather per key and subvector from a ``K``-entry row,
-unmasked; added in pq_thresh's order, so the classes agree bit for bit), keeps per 32
-keys a bit mask of the sure and of the maybe keys (candidates ``j < w0`` selected per
+covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). With ``by_class = 1``
+(the split path) it classifies each key by one u8 gather of its combination's class from
+``cls`` (the threshold's own comparisons); with ``by_class = 0`` (the radix-select path,
+``K^M > 4096``: no table) it scores each key from the lookup table (one f32 gather per
+key and subvector from a ``K``-entry row, unmasked; added in the order the threshold's
+kernels add them, so the classes agree bit for bit). It keeps per 32 keys a bit mask of
+the sure and of the maybe keys (candidates ``j < w0`` selected per
 group, not per key), publishes its two counts in its part's flag word, adds up the
 counts of the row's earlier parts (spinning until each has published), ranks each taken
 key by its mask's prefix count and its bit (as ``pq_hist``'s ``_emit_masks``), then
@@ -67,6 +72,36 @@ def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP: tl.constexpr):
 
 
 @triton.jit
+def _score_bits(sc, t_sure, t_maybe, lane):
+    """Per 32-key group (rows of the ranks ``sc``, ``[NW, 32]``): the bit masks (uint32
+    ``[NW]``) of the keys ranking ``>= t_sure`` and of those ranking ``>= t_maybe``."""
+    lane_u = lane.to(tl.uint32)
+    ge_s = tl.sum((sc >= t_sure).to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
+    ge_m = tl.sum((sc >= t_maybe).to(tl.uint32) << lane_u[None, :], axis=1)
+    return ge_s, ge_m
+
+
+@triton.jit
+def _class_bits(codes_ptr, cls_row, bg, M, K, cap, j, lane, MP: tl.constexpr):
+    """As ``_score_bits``, from the classes ``pq_thresh`` gave the row's code
+    combinations (``cls_row``: u8 per combination ``sum_m code_m K^(M-1-m)``, bit 1 =
+    its score ranks ``>= t_sure``, bit 0 = ``>= t_maybe``): one gather per key in place
+    of ``M`` table entries, their sum and its rank, and the classes are the very
+    comparisons the threshold made. Code loads as ``_part_scores``' (codes masked to ``K -
+    1``: the gather stays inside the row's ``K^M`` entries)."""
+    cbase = codes_ptr + bg * M * cap
+    cc = _code_row(cbase, cap, 0, M, j).to(tl.int32) & (K - 1)
+    for mi in tl.static_range(1, MP):
+        cm = _code_row(cbase, cap, mi, M, j).to(tl.int32) & (K - 1)
+        cc = tl.where(M > mi, cc * K + cm, cc)
+    cls = tl.load(cls_row + cc).to(tl.uint32)
+    lane_u = lane.to(tl.uint32)
+    ge_s = tl.sum(((cls >> 1) & 1) << lane_u[None, :], axis=1)
+    ge_m = tl.sum((cls & 1) << lane_u[None, :], axis=1)
+    return ge_s, ge_m
+
+
+@triton.jit
 def _low_bits(g0, lim):
     """Per 32-key group starting at key ``g0`` (i32 ``[NW]``): the bits of its keys ``j <
     lim`` (uint32)."""
@@ -107,13 +142,14 @@ def _store_weights(w_ptr, wb, r64, S, init_offset, j0, j, wd, lane, lane_u, n, T
 
 
 @triton.jit
-def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane, S, WS, n, w0, k,
+def _emit_part(ge_s, ge_m, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane, S, WS, n, w0, k,
                s_sink, s_win, init_offset, NW: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr):
     """One part's emit of a row of ``S`` keys whose weights lie in rows of stride ``WS``
     (``S`` on the fixed-``S`` path; ``S_alloc`` for a ragged row, ``pq_rgsplit.py``)
-    (keys ``j = j0 ..``, ``[NW, 32]``, scores ``sc``): classify by the
-    row's bounds per 32-key group (sure: ``sc >= t_sure``, maybe: ``t_maybe <= sc <
-    t_sure``, candidates ``j < w0`` only; where fewer than ``k`` keys are candidates the
+    (keys ``j = j0 ..``, ``[NW, 32]``; per 32-key group the bits ``ge_s`` of the keys
+    ranking ``>= t_sure`` and ``ge_m`` of those ranking ``>= t_maybe``, from
+    ``_score_bits`` or ``_class_bits``): classify per group (sure: ``>= t_sure``, maybe:
+    ``t_maybe <= rank < t_sure``, candidates ``j < w0`` only; where fewer than ``k`` keys are candidates the
     lowest masked keys ``w0 <= j < k`` are sure too, spec step 4), publish the part's sure
     / maybe counts in its flag word ``frow[c]``, add up the earlier parts' (spinning
     until each has published), rank the taken keys and write the part's weights, sink,
@@ -131,8 +167,6 @@ def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, 
     ws = S - s_win  # first window position
     cand = _low_bits(g0, w0)
     fill = _low_bits(g0, k) & (cand ^ 0xFFFFFFFF)  # none unless w0 < k
-    ge_s = tl.sum((sc >= t_sure).to(tl.uint32) << lane_u[None, :], axis=1)  # distinct bits: sum = or
-    ge_m = tl.sum((sc >= t_maybe).to(tl.uint32) << lane_u[None, :], axis=1)
     bs = (ge_s & cand) | fill
     bm = ge_m & cand & (bs ^ 0xFFFFFFFF)
     ps = _popc(bs)
@@ -204,7 +238,7 @@ def _emit_part(sc, t_sure, t_maybe, need, frow, sl_row, w_ptr, len_ptr, r64, c, 
 @triton.jit
 def pq_thresh_kernel(
     q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr,
-    ctr_ptr,  #
+    ctr_ptr, cls_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
     H, G, M, K, bits, d_s, S, n_old, cap, heavy, init_offset, window, metric_ip, NP,  #
     MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr, DT: tl.constexpr,
@@ -228,7 +262,10 @@ def pq_thresh_kernel(
         s, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
             q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
             q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
-        # the class bounds: candidates scoring >= t_sure are taken, >= t_maybe in order
+        # the class bounds: candidates scoring >= t_sure are taken, >= t_maybe in order;
+        # and each combination's class by them, for pq_emit (one gather per key)
+        cls = (s >= t_sure).to(tl.uint8) * 2 + (s >= t_maybe).to(tl.uint8)
+        tl.store(cls_ptr + r64 * NC + tl.arange(0, NC), cls)
         tl.store(bnd_ptr + 2 * r64, t_sure)
         tl.store(bnd_ptr + 2 * r64 + 1, t_maybe)
         tl.store(need_ptr + r, need)
@@ -239,9 +276,9 @@ def pq_thresh_kernel(
 
 @triton.jit
 def pq_emit_kernel(
-    codes_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr, sl_ptr, len_ptr, w_ptr,  #
-    H, G, M, K, S, cap, sink, window, heavy, init_offset, NP,  #
-    MP: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr,
+    codes_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr, sl_ptr, len_ptr, w_ptr, cls_ptr,  #
+    H, G, M, K, S, cap, sink, window, heavy, init_offset, NP, by_class,  #
+    MP: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr, NC: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
     tl.static_assert(TILE < 65536)  # two 16-bit counts per int32 in the scan (and < 2^20 per flag field)
@@ -257,12 +294,14 @@ def pq_emit_kernel(
     lane = tl.arange(0, 32)
     j0 = c * TILE
     j = j0 + wd[:, None] * 32 + lane[None, :]
-    sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
+    if by_class != 0:
+        ge_s, ge_m = _class_bits(codes_ptr, cls_ptr + r64 * NC, bg, M, K, cap, j, lane, MP)
+    else:
+        sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
+        ge_s, ge_m = _score_bits(sc, tl.load(bnd_ptr + 2 * r64), tl.load(bnd_ptr + 2 * r64 + 1), lane)
     s_sink = tl.minimum(sink, S)
-    t_sure = tl.load(bnd_ptr + 2 * r64)
-    t_maybe = tl.load(bnd_ptr + 2 * r64 + 1)
     need = tl.load(need_ptr + r)
-    _emit_part(sc, t_sure, t_maybe, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win), w_ptr, len_ptr,
+    _emit_part(ge_s, ge_m, need, flag_ptr + r64 * NP, sl_ptr + r64 * (s_sink + k + s_win), w_ptr, len_ptr,
                r64, c, j0, j, wd, lane, S, S, n, w0, k, s_sink, s_win, init_offset, NW, TILE, QB)
 
 
@@ -273,7 +312,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # pq_thresh: code rows loaded per key, M <= MP (the combination histogram takes M <= 4)
 EMIT_MPS = (2, 4, 8)  # pq_emit: also M <= 8 (the radix-select path)
 THRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")}
-EMIT_FIXED = {"QB": 64}
+EMIT_FIXED = {"QB": 64, "NC": HIST_FIXED["NC"]}
 TUNED = {"fp32", "bf16", "fp16"}
 
 
@@ -282,7 +321,7 @@ def _thresh_args(qt):
         ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
         ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
         ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"),
-        ptr("ctr_ptr", "i32"),
+        ptr("ctr_ptr", "i32"), ptr("cls_ptr", "u8"),
         i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
         i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("S"), i32("n_old"),
         i32("cap", div16=True), i32("heavy"), i32("init_offset"), i32("window"), i32("metric_ip"), i32("NP"),
@@ -293,8 +332,8 @@ def _emit_args(wt):
     return (
         ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"),
         ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"),
-        ptr("w_ptr", wt), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("cap", div16=True), i32("sink"), i32("window"),
-        i32("heavy"), i32("init_offset"), i32("NP"),
+        ptr("w_ptr", wt), ptr("cls_ptr", "u8"), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("cap", div16=True),
+        i32("sink"), i32("window"), i32("heavy"), i32("init_offset"), i32("NP"), i32("by_class"),
     )
 
 

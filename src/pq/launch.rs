@@ -269,14 +269,17 @@ impl StepLaunches<'_> {
                     ("need_ptr", KernelArg::Buf(state.split_need.buf())),
                     ("flag_ptr", KernelArg::Buf(state.split_flag.buf())),
                     ("ctr_ptr", KernelArg::Buf(state.split_ctr.buf())),
+                    ("cls_ptr", KernelArg::Buf(state.split_cls.buf())),
                     ("NP", i32_arg("parts per row", parts)?),
+                    ("by_class", KernelArg::I32(1)),
                 ]);
                 // one list for both kernels: each takes the names its signature lists
                 let targs = order.args(&sp.thresh, &named, true)?;
                 let eargs = order.args(&sp.emit, &named, true)?;
                 // Bounds: as pq_hist above for hist/histn/lvl/lut, codes and the outputs; new()
-                // sized bnd (rows x 2), need (rows) and the ticket counter (1); hist_lut (rows x M x
-                // K) is pq_thresh's output and pq_emit's input;
+                // sized bnd (rows x 2), need (rows), the ticket counter (1) and the classes (rows x
+                // HIST_COMBOS: pq_thresh writes them, pq_emit gathers combinations < K^M <=
+                // HIST_COMBOS, codes masked to K - 1); hist_lut (rows x M x K) is pq_thresh's output;
                 // ensure_buffers sized the part flags for rows x cdiv(n, TILE) = rows x parts.
                 // pq_thresh (grid as pq_hist's) zeroes the flags and the counter; pq_emit's grid
                 // is exactly rows x parts CTAs, each taking one ticket < rows x parts.
@@ -319,6 +322,10 @@ impl StepLaunches<'_> {
             ("need_ptr", KernelArg::Buf(state.split_need.buf())),
             ("flag_ptr", KernelArg::Buf(state.split_flag.buf())),
             ("ctr_ptr", KernelArg::Buf(state.split_ctr.buf())),
+            // pq_emit scores its keys here (by_class = 0: no class table for K^M > 4096), so
+            // it never reads cls_ptr: any live u8 buffer serves
+            ("cls_ptr", KernelArg::Buf(state.codes.buf())),
+            ("by_class", KernelArg::I32(0)),
             ("rst_ptr", KernelArg::Buf(state.rst.buf())),
             ("qd_ptr", KernelArg::Buf(state.rqd.buf())),
             ("qc_ptr", KernelArg::Buf(state.rqc.buf())),

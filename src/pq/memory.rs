@@ -154,7 +154,8 @@ pub fn state_bytes_for(
             + n_of(rows * m * k, 4)
             + n_of(rows * 2, 4)
             + n_of(rows, 4)
-            + 4;
+            + 4
+            + n_of(rows * HIST_COMBOS, 1);
     }
     if facts.range.is_some() {
         b.hist = n_of(rows * m * k, 4)

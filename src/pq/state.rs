@@ -66,11 +66,15 @@ pub(crate) struct DeviceState {
     /// Split path scratch: each row's class bounds `f32 [B*H, 2]` (`t_sure`, `t_maybe`:
     /// `pq_emit` scores keys through `hist_lut` and compares), maybe keys to take `i32
     /// [B*H]`, the emit's part flags `i64 [B*H, cdiv(n, TILE)]` and ticket counter `i32
-    /// [1]` (both zeroed by `pq_thresh` each step).
+    /// [1]` (both zeroed by `pq_thresh` each step), and each row's class per code
+    /// combination `u8 [B*H, HIST_COMBOS]` (written by `pq_thresh` each step: bit 1 =
+    /// scores `>= t_sure`, bit 0 = `>= t_maybe`; `pq_emit` classifies each key by one
+    /// gather from it).
     pub split_bnd: DevBuf<f32>,
     pub split_need: DevBuf<i32>,
     pub split_flag: DevBuf<i64>,
     pub split_ctr: DevBuf<i32>,
+    pub split_cls: DevBuf<u8>,
     /// Radix-select split path state (`kernels_triton/pq_range.py`): each row's select
     /// state `i64 [B*H, 4]` (written by the rounds each step), the round's histogram `i32
     /// [B*H, RANGE_BINS]` and arrival counters `i32 [B*H]` (both kept zero by the
@@ -155,6 +159,7 @@ impl DeviceState {
             split_need: DevBuf::new(),
             split_flag: DevBuf::new(),
             split_ctr: DevBuf::new(),
+            split_cls: DevBuf::new(),
             rst: DevBuf::new(),
             rhist: DevBuf::new(),
             rtick: DevBuf::new(),
@@ -190,6 +195,7 @@ impl DeviceState {
             me.split_bnd.ensure(&st, rows * 2)?;
             me.split_need.ensure(&st, rows)?;
             me.split_ctr.ensure(&st, 1)?;
+            me.split_cls.ensure(&st, rows * HIST_COMBOS)?;
         }
         if kernels.range.is_some() {
             me.hist_lut.ensure(&st, rows * m * k)?;
@@ -526,6 +532,7 @@ impl DeviceState {
                 + b(&self.split_need)
                 + b(&self.split_flag)
                 + b(&self.split_ctr)
+                + b(&self.split_cls)
                 + b(&self.rst)
                 + b(&self.rhist)
                 + b(&self.rtick)
@@ -557,6 +564,7 @@ impl DeviceState {
             self.split_need.ptr(),
             self.split_flag.ptr(),
             self.split_ctr.ptr(),
+            self.split_cls.ptr(),
             self.rst.ptr(),
             self.rhist.ptr(),
             self.rtick.ptr(),
