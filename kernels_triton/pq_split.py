@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_select import _rank_score
+from pq_select import INTERPRETED, _rank_score
 from pq_hist import (FIXED as HIST_FIXED, _code_row, _popc, _quantize_cta, _row_ids, _row_sizes, _row_threshold,
                      _stamp, _store_heavy, _store_stamps, _take_masks)
 
@@ -82,23 +82,62 @@ def _score_bits(sc, t_sure, t_maybe, lane):
 
 
 @triton.jit
-def _class_bits(codes_ptr, cls_row, bg, M, K, cap, j, lane, MP: tl.constexpr):
-    """As ``_score_bits``, from the classes ``pq_thresh`` gave the row's code
-    combinations (``cls_row``: u8 per combination ``sum_m code_m K^(M-1-m)``, bit 1 =
-    its score ranks ``>= t_sure``, bit 0 = ``>= t_maybe``): one gather per key in place
-    of ``M`` table entries, their sum and its rank, and the classes are the very
-    comparisons the threshold made. Code loads as ``_part_scores``' (codes masked to ``K -
-    1``: the gather stays inside the row's ``K^M`` entries)."""
+def _class_bits(codes_ptr, cls_row, bg, M, K, cap, j0, NW: tl.constexpr, MP: tl.constexpr, NC: tl.constexpr):
+    """As ``_score_bits`` for the part's keys ``j0 .. j0 + 32 NW``, from the classes
+    ``pq_thresh`` gave the row's code combinations (``cls_row``: u8 per combination
+    ``sum_m code_m K^(M-1-m)``, bit 1 = its score ranks ``>= t_sure``, bit 0 = ``>=
+    t_maybe``): one gather per key in place of ``M`` table entries, their sum and its
+    rank, and the classes are the very comparisons the threshold made. The keys are
+    indexed ``[2, NW, 16]`` (half, group, key): each 16-byte code load is one half-group,
+    so a thread holds both halves of its group and builds its bit masks without moving
+    codes between threads. Code loads masked by ``j < cap`` only (``cap % 16 == 0``,
+    ``j0 % 16 == 0``: vector loads); the combination masked to ``NC - 1``, so even a
+    corrupt code's gather stays inside the row's table."""
+    half = tl.arange(0, 2)
+    l16 = tl.arange(0, 16)
+    jj = j0 + tl.arange(0, NW)[None, :, None] * 32 + half[:, None, None] * 16 + l16[None, None, :]
     cbase = codes_ptr + bg * M * cap
-    cc = _code_row(cbase, cap, 0, M, j).to(tl.int32) & (K - 1)
+    cc = _code_row(cbase, cap, 0, M, jj).to(tl.int32)
     for mi in tl.static_range(1, MP):
-        cm = _code_row(cbase, cap, mi, M, j).to(tl.int32) & (K - 1)
-        cc = tl.where(M > mi, cc * K + cm, cc)
-    cls = tl.load(cls_row + cc).to(tl.uint32)
-    lane_u = lane.to(tl.uint32)
-    ge_s = tl.sum(((cls >> 1) & 1) << lane_u[None, :], axis=1)
-    ge_m = tl.sum((cls & 1) << lane_u[None, :], axis=1)
-    return ge_s, ge_m
+        cc = tl.where(M > mi, cc * K + _code_row(cbase, cap, mi, M, jj).to(tl.int32), cc)
+    cls = tl.load(cls_row + (cc & (NC - 1))).to(tl.uint32)
+    # per half-group both classes' bits interleaved (key i at bits 2i, 2i + 1), then
+    # each class's bits gathered into the low 16
+    both = tl.sum(cls << (2 * l16.to(tl.uint32))[None, None, :], axis=2)  # distinct bits: sum = or
+    hs = _even_bits(both >> 1) << (16 * half.to(tl.uint32))[:, None]
+    hm = _even_bits(both) << (16 * half.to(tl.uint32))[:, None]
+    return tl.sum(hs, axis=0), tl.sum(hm, axis=0)
+
+
+@triton.jit
+def _even_bits(x):
+    """Bits 0, 2, .., 30 of each uint32 moved to bits 0..15 (the rest zero)."""
+    x = x & 0x55555555
+    x = (x | (x >> 1)) & 0x33333333
+    x = (x | (x >> 2)) & 0x0F0F0F0F
+    x = (x | (x >> 4)) & 0x00FF00FF
+    return (x | (x >> 8)) & 0x0000FFFF
+
+
+@triton.jit
+def _flag_counts(v):
+    """A part's flag words as ``sure << 32 | maybe`` (i64; each count < 2^20, so the sum
+    of up to 2^12 words keeps the two fields apart)."""
+    return (((v >> 20) & 0xFFFFF) << 32) | (v & 0xFFFFF)
+
+
+@triton.jit
+def _min_add(a0, b0, a1, b1):
+    return tl.minimum(a0, a1), b0 + b1
+
+
+@triton.jit
+def _red_min_add(a, b):
+    """``(min(a), sum(b))`` over axis 0 in one reduction (one barrier sequence)."""
+    if INTERPRETED:
+        return tl.min(a, axis=0), tl.sum(b, axis=0)
+    else:
+        return tl.reduce((a, b), 0, _min_add)
 
 
 @triton.jit
@@ -188,10 +227,12 @@ def _emit_part(ge_s, ge_m, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd
             qq = q0 + tl.arange(0, QB)
             qm = qq < c
             v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-            while tl.min(v, axis=0) < READY:
+            lo, both = _red_min_add(v, _flag_counts(v))
+            while lo < READY:
                 v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-            carry_s += tl.sum(((v >> 20) & 0xFFFFF).to(tl.int32), axis=0)
-            carry_m += tl.sum((v & 0xFFFFF).to(tl.int32), axis=0)
+                lo, both = _red_min_add(v, _flag_counts(v))
+            carry_s += (both >> 32).to(tl.int32)
+            carry_m += (both & 0xFFFFFFFF).to(tl.int32)
     take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
 
     # weights: taken keys, window keys (w0 <= j < n) and sink keys (j + init_offset < sink')
@@ -295,7 +336,7 @@ def pq_emit_kernel(
     j0 = c * TILE
     j = j0 + wd[:, None] * 32 + lane[None, :]
     if by_class != 0:
-        ge_s, ge_m = _class_bits(codes_ptr, cls_ptr + r64 * NC, bg, M, K, cap, j, lane, MP)
+        ge_s, ge_m = _class_bits(codes_ptr, cls_ptr + r64 * NC, bg, M, K, cap, j0, NW, MP, NC)
     else:
         sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
         ge_s, ge_m = _score_bits(sc, tl.load(bnd_ptr + 2 * r64), tl.load(bnd_ptr + 2 * r64 + 1), lane)
