@@ -121,6 +121,8 @@ def run(st, lens, cfg, nch, tile, reverse=False, index=False):
     flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_rgthresh zeroes them
     ctr = Arr(np.full(1, 12345, np.int32))
     wz = Arr(np.full((rows, 2), -9, np.int64))
+    # the combinations' classes, poisoned: a class pq_rgthresh did not write reads as sure
+    cls = Arr(np.full((rows, RGTHRESH_FIXED["NC"]), 255, np.uint8))
     nc = st["nc"]
     nc0 = Arr(np.full(B, -9, np.int64))
     ctx = reversed_grid if reverse else contextlib.nullcontext
@@ -136,13 +138,13 @@ def run(st, lens, cfg, nch, tile, reverse=False, index=False):
         mp = 2 if M <= 2 else 4
         pq_rgthresh_kernel[(rows, )](
             st["q"], st["cent"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], bnd, need, flag, ctr,
-            lens_a, stat, nc, st["wext"], wz, H * D, D,
+            cls, lens_a, stat, nc, st["wext"], wz, H * D, D,
             H, G, M, K, bits, D // M, st["cap"], sa, io, st["metric_ip"], *sizes_a, NP,
             MP=mp, **RGTHRESH_FIXED, num_warps=4)
         assert not flag.a.any() and ctr.a[0] == 0, "pq_rgthresh left the emit's flags or counter non-zero"
         assert not st["lvl"].a.any(), "pq_rgthresh left level bins non-zero"
         pq_rgsemit_kernel[(rows * NP, )](
-            st["codes"], st["lut"], bnd, need, flag, ctr, lens_a, stat, nc, wz, sl, ln, w,
+            st["codes"], cls, need, flag, ctr, lens_a, stat, nc, wz, sl, ln, w,
             H, G, M, K, st["cap"], sa, T, io, *sizes_a, NP, MP=mp, TILE=tile, **RGSEMIT_FIXED, num_warps=4)
     assert ctr.a[0] == rows * NP, f"emit tickets {ctr.a[0]} != {rows * NP} CTAs"
     for b in range(B):

@@ -29,7 +29,7 @@ refused row as ``S_b = 0``) and
   exact. Then ``pq_hist._row_threshold`` at the row's own ``w0`` and ``k`` (the histogram
   moved to the candidates, up or down, the head's lookup table into ``lut f32 [B*H, M,
   K]``, the threshold rounds) and the class bounds ``bnd f32 [B*H, 2]``, ``need i32
-  [B*H]``, as ``pq_thresh``.
+  [B*H]`` and the combinations' classes ``cls u8 [B*H, NC]``, as ``pq_thresh``.
 
 ``pq_rgsemit_kernel``, grid ``(B*H*NP,)``, ``NP = max(1, cdiv(S_alloc - init_offset,
 TILE))``: each CTA takes a ticket ``t`` (atomic counter), row ``r = t // NP``, part ``c =
@@ -41,7 +41,7 @@ of ``sparse_list`` (row stride ``T``). Then the row's own parts, ``c < NP_b = ma
 cdiv(S_b - init_offset, TILE))`` (a CTA past them is done):
 
 - a long row: ``pq_split``'s part emit at ``S_b`` (``_emit_part``: keys ``j = c*TILE ..``
-  scored from the table, classified by the bounds, counts published in the
+  classified by one gather of their combination's class (``_class_bits``), counts published in the
   part's flag word, the earlier parts' counts added up (spinning on each), ranked and
   written; usual rows and any other row placed as ``pq_emit`` places them), weights in
   rows of stride ``S_alloc``; part 0 also ``sparse_len`` and, at the first head
@@ -64,7 +64,7 @@ import triton.language as tl
 from kspec import Kernel, i32, i64, ptr, single
 from pq_hist import FIXED as HIST_FIXED, _row_ids, _row_threshold
 from pq_ragged import _rg_row, f64
-from pq_split import _emit_part, _part_scores, _score_bits
+from pq_split import _class_bits, _emit_part
 
 
 @triton.jit
@@ -80,7 +80,7 @@ def _rg_sizes32(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c, sink_r, 
 @triton.jit
 def pq_rgthresh_kernel(
     q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr,
-    lens_ptr, stat_ptr, nc_ptr, wext_ptr, wz_ptr,  #
+    cls_ptr, lens_ptr, stat_ptr, nc_ptr, wext_ptr, wz_ptr,  #
     q_sb, q_sh,  #
     H, G, M, K, bits, d_s, cap, S_alloc, init_offset, metric_ip,  #
     sink_c, sink_r, win_c, win_r, hv_c, hv_r, NP,  #
@@ -117,6 +117,9 @@ def pq_rgthresh_kernel(
         s, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
             q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
             q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, 0)
+        # the combinations' classes, which pq_rgsemit gathers (as pq_thresh's)
+        cls = (s >= t_sure).to(tl.uint8) * 2 + (s >= t_maybe).to(tl.uint8)
+        tl.store(cls_ptr + r64 * NC + tl.arange(0, NC), cls)
         tl.store(bnd_ptr + 2 * r64, t_sure)
         tl.store(bnd_ptr + 2 * r64 + 1, t_maybe)
         tl.store(need_ptr + r, need)
@@ -124,11 +127,11 @@ def pq_rgthresh_kernel(
 
 @triton.jit
 def pq_rgsemit_kernel(
-    codes_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr, lens_ptr, stat_ptr, nc_ptr, wz_ptr, sl_ptr, len_ptr,
+    codes_ptr, cls_ptr, need_ptr, flag_ptr, ctr_ptr, lens_ptr, stat_ptr, nc_ptr, wz_ptr, sl_ptr, len_ptr,
     w_ptr,  #
     H, G, M, K, cap, S_alloc, T, init_offset,  #
     sink_c, sink_r, win_c, win_r, hv_c, hv_r, NP,  #
-    MP: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr,
+    MP: tl.constexpr, TILE: tl.constexpr, QB: tl.constexpr, NC: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
     tl.static_assert(TILE < 65536)  # two 16-bit counts per int32 in the scan (and < 2^20 per flag field)
@@ -167,8 +170,7 @@ def pq_rgsemit_kernel(
             lane = tl.arange(0, 32)
             j0 = c * TILE
             j = j0 + wd[:, None] * 32 + lane[None, :]
-            sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
-            ge_s, ge_m = _score_bits(sc, tl.load(bnd_ptr + 2 * r64), tl.load(bnd_ptr + 2 * r64 + 1), lane)
+            ge_s, ge_m = _class_bits(codes_ptr, cls_ptr + r64 * NC, bg, M, K, cap, j0, NW, MP, NC)
             need = tl.load(need_ptr + r)
             _emit_part(ge_s, ge_m, need, flag_ptr + r64 * NP, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd, lane,
                        S, sa, n, w0, k, s_sink, s_win, io, NW, TILE, QB)
@@ -195,7 +197,7 @@ def pq_rgsemit_kernel(
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows loaded per key, M <= MP (the combination histogram takes M <= 4)
 RGTHRESH_FIXED = {k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOCK_C", "BLOCK_DS")}
-RGSEMIT_FIXED = {"QB": 64}
+RGSEMIT_FIXED = {"QB": 64, "NC": HIST_FIXED["NC"]}
 #: registers per thread at most for ``pq_rgthresh.r128`` (8 warps): two CTAs an SM instead
 #: of one at the compiler's ~190, for batches of more rows than one CTA an SM holds at once
 #: (ragged decode loop of 256 rows, H100: 75.5 -> 67.4 us a step); with fewer rows its
@@ -214,8 +216,9 @@ def _thresh_args(qt):
     return (
         ptr("q_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"),
         ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"),
-        ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("lens_ptr", "i64", False),
-        ptr("stat_ptr", "i32", False), ptr("nc_ptr", "i64", False), ptr("wext_ptr", "i64", False),
+        ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("cls_ptr", "u8"),
+        ptr("lens_ptr", "i64", False), ptr("stat_ptr", "i32", False), ptr("nc_ptr", "i64", False),
+        ptr("wext_ptr", "i64", False),
         ptr("wz_ptr", "i64", False),
         i64("q_sb"), i64("q_sh"),
         i32("H"), i32("G"), i32("M"), i32("K"), i32("bits"), i32("d_s"), i32("cap", div16=True), i64("S_alloc"),
@@ -225,7 +228,7 @@ def _thresh_args(qt):
 
 def _emit_args(wt):
     return (
-        ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"),
+        ptr("codes_ptr", "u8"), ptr("cls_ptr", "u8"), ptr("need_ptr", "i32"),
         ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("lens_ptr", "i64", False), ptr("stat_ptr", "i32", False),
         ptr("nc_ptr", "i64", False), ptr("wz_ptr", "i64", False), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"),
         ptr("w_ptr", wt),

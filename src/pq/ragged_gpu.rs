@@ -917,6 +917,7 @@ impl GpuIndexer {
             ("need_ptr", KernelArg::Buf(st.split_need.buf())),
             ("flag_ptr", KernelArg::Buf(st.split_flag.buf())),
             ("ctr_ptr", KernelArg::Buf(st.split_ctr.buf())),
+            ("cls_ptr", KernelArg::Buf(st.split_cls.buf())),
             ("wz_ptr", KernelArg::Buf(r.wz.buf())),
             ("bits", i32_arg("pq_bits", cfg.pq_bits as usize)?),
             ("NP", i32_arg("emit parts per row", parts)?),
@@ -937,7 +938,9 @@ impl GpuIndexer {
         // wext being S_alloc or an earlier S_b), and grew the codes to cap >= S_alloc -
         // init_offset keys (codes read at j < cap, masked). DeviceState::new sized hist
         // (B*H x HIST_COMBOS), histn (B*H), the level bins (B*H x HIST_LEVEL_BINS), bnd
-        // (B*H x 2), need (B*H) and the ticket counter (1) where the histogram kernels are
+        // (B*H x 2), need (B*H), the classes (B*H x HIST_COMBOS: pq_rgthresh writes a long
+        // row's, pq_rgsemit gathers that row's combinations, masked below HIST_COMBOS) and
+        // the ticket counter (1) where the histogram kernels are
         // built (the split path needs hist_built_for, as they do). The caller vouched
         // (check_extent) for query [B, H, 1, D] and key [B, H_kv, S_alloc, D] and the
         // lengths buffer holds >= B i64. Ordering: pq_rgq writes codes n_cached[b] .. n
