@@ -278,8 +278,8 @@ impl StepLaunches<'_> {
                 let eargs = order.args(&sp.emit, &named, true)?;
                 // Bounds: as pq_hist above for hist/histn/lvl/lut, codes and the outputs; new()
                 // sized bnd (rows x 2), need (rows), the ticket counter (1) and the classes (rows x
-                // HIST_COMBOS: pq_thresh writes them, pq_emit gathers combinations < K^M <=
-                // HIST_COMBOS, codes masked to K - 1); hist_lut (rows x M x K) is pq_thresh's output;
+                // HIST_COMBOS: pq_thresh writes them, pq_emit gathers combinations masked below
+                // HIST_COMBOS); hist_lut (rows x M x K) is pq_thresh's output;
                 // ensure_buffers sized the part flags for rows x cdiv(n, TILE) = rows x parts.
                 // pq_thresh (grid as pq_hist's) zeroes the flags and the counter; pq_emit's grid
                 // is exactly rows x parts CTAs, each taking one ticket < rows x parts.

@@ -64,12 +64,13 @@ pub(crate) struct DeviceState {
     pub hist_lvl: DevBuf<i32>,
     pub hist_lut: DevBuf<f32>,
     /// Split path scratch: each row's class bounds `f32 [B*H, 2]` (`t_sure`, `t_maybe`:
-    /// `pq_emit` scores keys through `hist_lut` and compares), maybe keys to take `i32
+    /// the radix-select path's `pq_emit` scores keys through `hist_lut` and compares them
+    /// with these), maybe keys to take `i32
     /// [B*H]`, the emit's part flags `i64 [B*H, cdiv(n, TILE)]` and ticket counter `i32
     /// [1]` (both zeroed by `pq_thresh` each step), and each row's class per code
     /// combination `u8 [B*H, HIST_COMBOS]` (written by `pq_thresh` each step: bit 1 =
-    /// scores `>= t_sure`, bit 0 = `>= t_maybe`; `pq_emit` classifies each key by one
-    /// gather from it).
+    /// scores `>= t_sure`, bit 0 = `>= t_maybe`; the split paths' emits classify each key
+    /// by one gather from it).
     pub split_bnd: DevBuf<f32>,
     pub split_need: DevBuf<i32>,
     pub split_flag: DevBuf<i64>,
