@@ -132,8 +132,11 @@ def _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW: tl.constexpr
     xm = need - em  # maybe keys still wanted at each group
     tm = tl.where(xm >= pm, bm, 0)
     part = (xm > 0) & (xm < pm)  # at most one group per row: its lowest xm bits
-    # one reduction for the loop bound and `part`
-    mx = tl.max((ps + pm) | (part.to(tl.int32) << 8), axis=0)
+    # one reduction for the loop bound (the most keys one group takes: its sure keys and
+    # the maybe keys still wanted; not all its maybe keys, which fill whole groups where
+    # one combination holds many keys tied at the threshold) and `part`
+    got_m = tl.minimum(tl.maximum(xm, 0), pm)
+    mx = tl.max((ps + got_m) | (part.to(tl.int32) << 8), axis=0)
     if mx > 255:
         rem = bm
         sel = tl.zeros([NW], tl.uint32)
