@@ -127,17 +127,27 @@ def _flag_counts(v):
 
 
 @triton.jit
-def _min_add(a0, b0, a1, b1):
-    return tl.minimum(a0, a1), b0 + b1
-
-
-@triton.jit
-def _red_min_add(a, b):
-    """``(min(a), sum(b))`` over axis 0 in one reduction (one barrier sequence)."""
+def _ready_words(ptr, valid):
+    """The flag words at ``ptr`` (i64, any shape) once each has ``READY`` set: every thread
+    spins on its own words (a relaxed GPU-scope load in a loop), so the block waits on
+    no reduction and re-reads nothing; 0 where ``valid`` is false (not read). Under the
+    interpreter, which runs the CTAs one after another in ticket order, one load."""
     if INTERPRETED:
-        return tl.min(a, axis=0), tl.sum(b, axis=0)
+        v = tl.load(ptr, mask=valid, other=0, volatile=True)
     else:
-        return tl.reduce((a, b), 0, _min_add)
+        v = tl.inline_asm_elementwise(
+            """{
+            .reg .pred %p<2>;
+            setp.ne.s32 %p0, $2, 0;
+            mov.b64 $0, 0;
+            @!%p0 bra DONE${:uid};
+            WAIT${:uid}:
+            ld.relaxed.gpu.global.b64 $0, [$1];
+            setp.lt.s64 %p1, $0, 4611686018427387904;
+            @%p1 bra WAIT${:uid};
+            DONE${:uid}:
+            }""", "=l,l,r", [ptr.to(tl.int64), valid.to(tl.int32)], dtype=tl.int64, is_pure=False, pack=1)
+    return v
 
 
 @triton.jit
@@ -218,19 +228,10 @@ def _emit_part(ge_s, ge_m, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd
     carry_s = 0
     carry_m = 0
     if c > 0:
-        # parts publish in ticket order, about: wait on the previous one alone (a scalar
-        # load per thread, no block-wide reduction while spinning), then read them all
-        f = tl.load(frow + c - 1, volatile=True)
-        while f < READY:
-            f = tl.load(frow + c - 1, volatile=True)
+        # each thread waits for its own earlier parts' words, then one sum per QB parts
         for q0 in range(0, c, QB):
             qq = q0 + tl.arange(0, QB)
-            qm = qq < c
-            v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-            lo, both = _red_min_add(v, _flag_counts(v))
-            while lo < READY:
-                v = tl.load(frow + qq, mask=qm, other=READY, volatile=True)
-                lo, both = _red_min_add(v, _flag_counts(v))
+            both = tl.sum(_flag_counts(_ready_words(frow + qq, qq < c)), axis=0)
             carry_s += (both >> 32).to(tl.int32)
             carry_m += (both & 0xFFFFFFFF).to(tl.int32)
     take, ex_t, bound = _take_masks(bs, bm, ps, pm, packed, carry_s, carry_m, need, NW)
