@@ -51,6 +51,19 @@ from pq_hist import (FIXED as HIST_FIXED, _code_row, _popc, _quantize_cta, _row_
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
 READY = tl.constexpr(1 << 62)
+#: ``_ready_words``' per-thread wait: $0 = the word at address $1 once it is >= READY
+#: (0 without a load where $2 == 0)
+WAIT_READY_ASM = tl.constexpr("""{
+            .reg .pred %p<2>;
+            setp.ne.s32 %p0, $2, 0;
+            mov.b64 $0, 0;
+            @!%p0 bra DONE${:uid};
+            WAIT${:uid}:
+            ld.relaxed.gpu.global.b64 $0, [$1];
+            setp.lt.s64 %p1, $0, READY;
+            @%p1 bra WAIT${:uid};
+            DONE${:uid}:
+            }""".replace("READY", str(READY.value)))
 
 
 @triton.jit
@@ -135,18 +148,8 @@ def _ready_words(ptr, valid):
     if INTERPRETED:
         v = tl.load(ptr, mask=valid, other=0, volatile=True)
     else:
-        v = tl.inline_asm_elementwise(
-            """{
-            .reg .pred %p<2>;
-            setp.ne.s32 %p0, $2, 0;
-            mov.b64 $0, 0;
-            @!%p0 bra DONE${:uid};
-            WAIT${:uid}:
-            ld.relaxed.gpu.global.b64 $0, [$1];
-            setp.lt.s64 %p1, $0, 4611686018427387904;
-            @%p1 bra WAIT${:uid};
-            DONE${:uid}:
-            }""", "=l,l,r", [ptr.to(tl.int64), valid.to(tl.int32)], dtype=tl.int64, is_pure=False, pack=1)
+        v = tl.inline_asm_elementwise(WAIT_READY_ASM, "=l,l,r", [ptr.to(tl.int64), valid.to(tl.int32)],
+                                      dtype=tl.int64, is_pure=False, pack=1)
     return v
 
 
