@@ -136,7 +136,7 @@ class IndexStep:
         self.codes = torch.zeros(B, H_kv, M, cap, dtype=torch.uint8, device="cuda")
         self.codes[..., : self.n_old] = codebook.permute(0, 2, 3, 1).to(torch.uint8)
         z32 = lambda *shape: torch.zeros(*shape, dtype=torch.int32, device="cuda")  # noqa: E731
-        self.hist, self.histn, self.lvl = z32(rows, nc), z32(rows), z32(rows, HIST_FIXED["LEVELS"], HIST_FIXED["NB"])
+        self.hist, self.histn = z32(rows, nc), z32(rows)
         self.bkt, self.mark, self.ready = z32(rows, nc, capc), z32(rows, INDEX_FIXED["TP"]), z32(rows)
         self.lut = torch.zeros(rows * M * K, dtype=torch.float32, device="cuda")
         total = min(cfg["sink_size"], S) + min(cfg["heavy_size"], n) + min(cfg["window_size"], S)
@@ -148,7 +148,7 @@ class IndexStep:
         self.sms = props.multi_processor_count
         self.companion = 2 * rows <= self.sms and S * self.w.element_size() <= self.COMPANION_FILL_MAX_BYTES
         self.fill_args = (self.w, rows, S, cfg["sink_size"], cfg["window_size"])
-        self.args = (query, key, centroids, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bkt,
+        self.args = (query, key, centroids, self.phi, self.codes, self.hist, self.histn, self.lut, self.bkt,
                      self.mark, self.ready, self.sl, self.len, self.w, H * D, D, H_kv * S * D, S * D, D, H,
                      H // H_kv, M, K, K.bit_length() - 1, D // M, S, self.n_old, cap, capc, cfg["sink_size"],
                      cfg["window_size"], cfg["heavy_size"], cfg["init_offset"], int(metric == "ip"),

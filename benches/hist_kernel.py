@@ -82,7 +82,6 @@ class Step:
         rows = B * H
         self.hist = torch.zeros(rows, FIXED["NC"], dtype=torch.int32, device="cuda")
         self.histn = torch.zeros(rows, dtype=torch.int32, device="cuda")
-        self.lvl = torch.zeros(rows, FIXED["LEVELS"], nb, dtype=torch.int32, device="cuda")
         self.lut = torch.zeros(rows * M * K, dtype=torch.float32, device="cuda")
         self.phi = torch.zeros(1, dtype=torch.float32, device="cuda")
         self.shape, self.small, self.tile, self.warps, self.nb = shape, small, tile, warps, nb
@@ -135,7 +134,7 @@ class Step:
         Sk = self.key.shape[2]
         c = self.cfg
         return pq_thresh_kernel[(B * H, 2)](
-            self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut, self.bnd,
+            self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lut, self.bnd,
             self.need, self.flag, self.ctr, *([self.cls] if self.by_class else []), H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits,
             D // M, self.S, self.n_old, self.cap, c["heavy_size"], c["init_offset"], c["window_size"], 0, self.parts(),
             MP=2, **dict(THRESH_FIXED, NB=self.nb, TIMER=self.timer, LEVELS=self.levels),
@@ -175,7 +174,7 @@ class Step:
             if self.maxnreg:
                 extra["maxnreg"] = self.maxnreg
             return pq_index_kernel[(B * H, 2)](
-                self.q, self.key, self.cent, self.phi, self.codes, self.ihist, self.ihistn, self.lvl, self.lut,
+                self.q, self.key, self.cent, self.phi, self.codes, self.ihist, self.ihistn, self.lut,
                 self.bkt, self.mark, self.ready, self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H,
                 H // H_kv, M, 1 << bits, bits, D // M, self.S, self.n_old, self.cap, self.capc, c["sink_size"],
                 c["window_size"], c["heavy_size"], c["init_offset"], 0, int(self.pdl == "companion"), MP=2,
@@ -189,7 +188,7 @@ class Step:
                 ck = self.emit()
             return ck
         return pq_hist_kernel[(B * H, 2)](
-            self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lvl, self.lut,
+            self.q, self.key, self.cent, self.phi, self.codes, self.hist, self.histn, self.lut,
             self.sl, self.len, self.w, H * D, D, H_kv * Sk * D, Sk * D, D, H, H // H_kv, M, 1 << bits, bits, D // M,
             self.S, self.n_old, self.cap, c["sink_size"], c["window_size"], c["heavy_size"], c["init_offset"], 0,
             MP=2, NC=FIXED["NC"], NB=self.nb, LEVELS=self.levels, TILE=self.tile, DT=FIXED["DT"],
@@ -303,7 +302,8 @@ def main():
     ap.add_argument("--warps", default="8,16,32")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--nb", default=str(FIXED["NB"]), help="level-histogram bins, comma-separated")
+    ap.add_argument("--nb", default=str(FIXED["NB"]),
+                    help="level-histogram bins, comma-separated (LEVELS x NB at most pq_hist.LVL_WORDS)")
     ap.add_argument("--split", action="store_true", help="pq_thresh + pq_emit (tiles/warps: the emit's)")
     ap.add_argument("--levels", type=int, default=FIXED["LEVELS"],
                     help="threshold rounds (timing experiments: fewer may break the heavy rule)")

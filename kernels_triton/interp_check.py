@@ -113,7 +113,7 @@ def run_step(st, S, n_old, cfg, tile, mp=2):
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
     pq_hist_kernel[(rows, 2)](
-        q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], sl, ln, w,
+        q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lut"], sl, ln, w,
         H * D, D, H_kv * Sk * D, Sk * D, D,
         H, H // H_kv, M, K, bits, D // M, S, n_old, st["cap"], cfg["sink"], cfg["window"], cfg["heavy"],
         cfg["init_offset"], st["metric_ip"],
@@ -139,7 +139,7 @@ def run_split(st, S, n_old, cfg, tile, mp=2):
     q, key, cent = st["q"], st["key"], st["cent"]
     Sk = key.a.shape[2]
     pq_thresh_kernel[(rows, 2)](
-        q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], bnd, need, flag, ctr, cls,
+        q, key, cent, st["phi"], st["codes"], st["hist"], st["histn"], st["lut"], bnd, need, flag, ctr, cls,
         H * D, D, H_kv * Sk * D, Sk * D, D,
         H, H // H_kv, M, K, bits, D // M, S, n_old, st["cap"], cfg["heavy"], cfg["init_offset"], cfg["window"],
         st["metric_ip"], NP, MP=mp, **THRESH_FIXED, num_warps=4)
@@ -188,7 +188,7 @@ def run_index(st, S, n_old, cfg, tile, mp=2, mode=0):
     Sk = key.a.shape[2]
     with reversed_grid() if mode == 2 else contextlib.nullcontext():
         pq_index_kernel[(rows, 2)](
-            q, key, cent, st["phi"], st["codes"], st["ihist"], st["ihistn"], st["lvl"], st["lut"], st["bkt"],
+            q, key, cent, st["phi"], st["codes"], st["ihist"], st["ihistn"], st["lut"], st["bkt"],
             st["mark"], st["ready"], sl, ln, w, H * D, D, H_kv * Sk * D, Sk * D, D,
             H, H // H_kv, M, 1 << bits, bits, D // M, S, n_old, st["cap"], st["capc"], cfg["sink"], cfg["window"],
             cfg["heavy"], cfg["init_offset"], st["metric_ip"], fill, 0, MP=mp, TILE=tile, PDL=0, **INDEX_FIXED,
@@ -224,7 +224,6 @@ def make_state(rng, B, H, H_kv, D, M, bits, S_max, n_cached, small, metric_ip=Fa
                 mark=Arr(np.zeros((rows, INDEX_FIXED["TP"]), np.int32)), ready=Arr(np.zeros(rows, np.int32)),
                 codes=Arr(codes), cap=cap, metric_ip=int(metric_ip),
                 hist=Arr(np.zeros((rows, FIXED["NC"]), np.int32)), histn=Arr(np.zeros(rows, np.int32)),
-                lvl=Arr(np.zeros((rows, FIXED["LEVELS"], FIXED["NB"]), np.int32)),
                 lut=Arr(np.zeros(rows * M * K, np.float32)),
                 small=small)
 
@@ -454,7 +453,6 @@ def main():
             indexed += index
             hn = st["ihistn"] if index else st["histn"]
             assert np.all(hn.a == w0), f"{name}: histn {hn.a} != w0 {w0}"
-            assert not st["lvl"].a.any(), f"{name}: level histograms not left zero"
             n_old = max(n_old, n)
         # the persistent histogram equals a recount; then a reset recounts from scratch
         check_recount(st, "hist", w0, f"{name}: pq_hist")

@@ -52,7 +52,7 @@ from pq_rgindex import RGWFILL_CH, pq_rgindex_kernel, pq_rgwfill_kernel  # noqa:
 from pq_index import INDEX_FIXED  # noqa: E402
 
 #: the state a step changes (restored between the two CTA orders of one step)
-PERSISTENT = ("codes", "hist", "histn", "lvl", "lut", "wext", "nc", "w", "bkt", "mark")
+PERSISTENT = ("codes", "hist", "histn", "lut", "wext", "nc", "w", "bkt", "mark")
 
 
 def add_split_state(st, io):
@@ -62,7 +62,6 @@ def add_split_state(st, io):
     sa = st["s_alloc"]
     st["hist"] = Arr(np.zeros((rows, FIXED["NC"]), np.int32))
     st["histn"] = Arr(np.zeros(rows, np.int32))
-    st["lvl"] = Arr(np.zeros((rows, FIXED["LEVELS"], FIXED["NB"]), np.int32))
     st["wext"] = Arr(np.full(rows, sa, np.int64))
     st["w"] = Arr(np.full((rows, sa), 7.0, np.float32))
     # the indexed path's buckets, sized as the indexer sizes them (2 x a uniform share +
@@ -137,12 +136,11 @@ def run(st, lens, cfg, nch, tile, reverse=False, index=False):
     with ctx():
         mp = 2 if M <= 2 else 4
         pq_rgthresh_kernel[(rows, )](
-            st["q"], st["cent"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], bnd, need, flag, ctr,
+            st["q"], st["cent"], st["codes"], st["hist"], st["histn"], st["lut"], bnd, need, flag, ctr,
             cls, lens_a, stat, nc, st["wext"], wz, H * D, D,
             H, G, M, K, bits, D // M, st["cap"], sa, io, st["metric_ip"], *sizes_a, NP,
             MP=mp, **RGTHRESH_FIXED, num_warps=4)
         assert not flag.a.any() and ctr.a[0] == 0, "pq_rgthresh left the emit's flags or counter non-zero"
-        assert not st["lvl"].a.any(), "pq_rgthresh left level bins non-zero"
         pq_rgsemit_kernel[(rows * NP, )](
             st["codes"], cls, need, flag, ctr, lens_a, stat, nc, wz, sl, ln, w,
             H, G, M, K, st["cap"], sa, T, io, *sizes_a, NP, MP=mp, TILE=tile, **RGSEMIT_FIXED, num_warps=4)
@@ -183,7 +181,7 @@ def run_index(st, lens, cfg, tile, sizes_a, lens_a, stat, err, nc0, sl, ln, T, r
     assert np.array_equal(st["wext"].a, wext_old), "pq_rgwfill changed wext (pq_rgindex's to set)"
     with ctx():
         pq_rgindex_kernel[(rows, )](
-            st["q"], st["cent"], st["codes"], st["hist"], st["histn"], st["lvl"], st["lut"], st["bkt"], st["mark"],
+            st["q"], st["cent"], st["codes"], st["hist"], st["histn"], st["lut"], st["bkt"], st["mark"],
             lens_a, stat, st["nc"], nc0, st["wext"], sl, ln, w, H * D, D,
             H, H // H_kv, M, K, bits, D // M, st["cap"], st["capc"], sa, T, io, st["metric_ip"], *sizes_a,
             MP=2, TILE=tile, PDL=0, **INDEX_FIXED, num_warps=4)

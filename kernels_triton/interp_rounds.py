@@ -39,20 +39,17 @@ NB = 16
 
 
 @triton.jit
-def rounds_probe(cnt_ptr, s_ptr, lvl_ptr, out_ptr, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr):
+def rounds_probe(cnt_ptr, s_ptr, out_ptr, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr):
     i = tl.arange(0, NC)
-    t_sure, t_maybe, left = _rounds(tl.load(cnt_ptr + i), tl.load(s_ptr + i), need, lvl_ptr, NC, NB, LEVELS)
+    t_sure, t_maybe, left = _rounds(tl.load(cnt_ptr + i), tl.load(s_ptr + i), need, NC, NB, LEVELS)
     tl.store(out_ptr, t_sure)
     tl.store(out_ptr + 1, t_maybe)
     tl.store(out_ptr + 2, left.to(tl.float32))
 
 
 def run(cnt, s, need, levels):
-    lvl = Arr(np.zeros(levels * NB, np.int32))
     out = Arr(np.full(3, np.nan, np.float32))
-    rounds_probe[(1,)](Arr(cnt.astype(np.int32)), Arr(s.astype(np.float32)), lvl, out, need, NC, NB, levels)
-    if lvl.a.any():
-        raise AssertionError("the level bins are not left zero")
+    rounds_probe[(1,)](Arr(cnt.astype(np.int32)), Arr(s.astype(np.float32)), out, need, NC, NB, levels)
     return float(out.a[0]), float(out.a[1]), int(out.a[2])
 
 

@@ -20,8 +20,8 @@ new keys when ``h`` is the first head of its KV group (step 5) and exits otherwi
 3. Finds the threshold: first a cut by comparison (one eight-way reduction: the keys
    in four top slices of the score range and each slice's lowest score, no atomics) to
    the narrowest top slice (1/4 .. 1/256 of the range) that holds k keys,
-   then up to LEVELS rounds of an NB-bin histogram (global atomics, weighted by the
-   counts) over the score range of the combinations still in play; each round keeps the
+   then up to LEVELS rounds of an NB-bin histogram (shared-memory atomics, weighted by
+   the counts) over the score range of the combinations still in play; each round keeps the
    bin holding the k-th largest key. A round is skipped once the
    remaining combinations share one score. Result, per combination: ``2`` = every key
    is taken, ``1`` = keys are taken in position order until ``need`` more are taken,
@@ -40,9 +40,9 @@ new keys when ``h`` is the first head of its KV group (step 5) and exits otherwi
    keys are not candidates (``w0 <= n_old``), so no row reads a code written in this
    launch for anything it uses.
 
-Every scratch level histogram ``lvl[r, LEVELS, NB]`` (i32) is left zero for the next
-step; the host zero-fills ``hist``, ``histn`` and ``lvl`` once and ``histn`` again after
-replacing the codes.
+The rounds' bins are ``LEVELS * NB`` i32 of the CTA's static shared memory (declared by
+inline PTX, ``_lvl_smem``). The host zero-fills ``hist`` and ``histn`` once and
+``histn`` again after replacing the codes.
 """
 
 
@@ -51,6 +51,16 @@ import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import INTERPRETED, _nearest, _rank_score, _store_lut
+
+#: the threshold rounds' bins per level and levels (``FIXED``'s ``NB``, ``LEVELS``)
+ROUND_BINS = 1024
+ROUND_LEVELS = 3
+#: ``_lvl_smem``: declares the rounds' bins, ``i32 [ROUND_LEVELS * ROUND_BINS]`` of the CTA's
+#: shared memory (static: the launch adds it to the kernel's dynamic shared memory), and
+#: gives their shared-window address; ``${:uid}`` names each copy of the asm apart
+LVL_WORDS = tl.constexpr(ROUND_LEVELS * ROUND_BINS)
+LVL_SMEM_ASM = tl.constexpr(".shared .align 16 .b32 pq_lvl${:uid}[%d];\n\tmov.u32 $0, pq_lvl${:uid};" %
+                            (ROUND_LEVELS * ROUND_BINS))
 
 
 @triton.jit
@@ -428,31 +438,75 @@ def _top_cut(cnt, s, alive, need):
 
 
 @triton.jit
-def _rounds(cnt, s, need, lvl_row, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr):
+def _lvl_smem():
+    """The shared-window address (i32) of the rounds' bins in this CTA's shared memory
+    (``LVL_SMEM_ASM``; not zeroed)."""
+    return tl.inline_asm_elementwise(LVL_SMEM_ASM, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _lvl_add(base, i, v, m):
+    """Adds ``v`` to bin ``i`` of the rounds' bins at ``base`` where ``m`` (shared-memory
+    atomics)."""
+    tl.inline_asm_elementwise("{ .reg .pred %p; setp.ne.s32 %p, $3, 0; @%p red.shared.add.s32 [$1], $2; mov.b32 $0, 0; }",
+                              "=r,r,r,r", [base + 4 * i, v, m.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _lvl_read(base, i):
+    """Bins ``i`` of the rounds' bins at ``base``."""
+    return tl.inline_asm_elementwise("ld.shared.b32 $0, [$1];", "=r,r", [base + 4 * i], dtype=tl.int32, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def _lvl_zero(base, i):
+    """Zeroes bins ``i`` of the rounds' bins at ``base``."""
+    tl.inline_asm_elementwise("st.shared.b32 [$1], 0;\n\tmov.b32 $0, 0;", "=r,r", [base + 4 * i], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _rounds(cnt, s, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr):
     """The threshold on the combinations (``cnt`` keys of score ``s`` each): up to LEVELS
-    rounds of an NB-bin histogram (global atomics into ``lvl_row``, left zero) over the
-    score range still in play, each keeping the bin that holds the ``need``-th largest
-    key. Returns ``(t_sure, t_maybe, need)``: every key scoring ``>= t_sure`` is taken,
-    those in ``[t_maybe, t_sure)`` in position order until ``need`` more are (bounds are
-    ``inf`` where a class is empty). The combinations below ``_top_cut`` are out of
-    play from the start, and the cut gives the first round's range. Per round: the
-    atomics, a barrier, one scan, one two-way reduction for the bin and one three-way
-    reduction for the next round's range and the sure bound; a round whose range holds
-    one score is skipped, with no reduction (the range is already known). The bins are
-    cleared after the last round (one barrier)."""
+    rounds of an NB-bin histogram over the score range still in play, each keeping the
+    bin that holds the ``need``-th largest key. Returns ``(t_sure, t_maybe, need)``: every
+    key scoring ``>= t_sure`` is taken, those in ``[t_maybe, t_sure)`` in position order
+    until ``need`` more are (bounds are ``inf`` where a class is empty). The combinations
+    below ``_top_cut`` are out of play from the start, and the cut gives the first
+    round's range. Per round: the atomics, a barrier, one scan, one two-way reduction for
+    the bin and one three-way reduction for the next round's range and the sure bound; a
+    round whose range holds one score is skipped, with no reduction (the range is
+    already known). The bins are ``LEVELS * NB`` i32 of the CTA's shared memory
+    (``_lvl_smem``, zeroed first): shared atomics, a barrier and shared loads, no global
+    round trip. Triton's interpreter runs no PTX: there each round's bins are 31
+    ``tl.histogram`` s of the combinations' bins, one per bit of their counts (the same
+    counts)."""
+    tl.static_assert(LEVELS * NB <= LVL_WORDS)
+    bins = tl.arange(0, NB)
+    if not INTERPRETED:
+        base = _lvl_smem()
+        for lv in tl.static_range(LEVELS):
+            _lvl_zero(base, lv * NB + bins)
+        tl.debug_barrier()  # every bin zero before any round's atomics
     alive = cnt > 0
     sure = cnt < 0
     lo, slo, shi = _top_cut(cnt, s, alive, need)
     alive = alive & (s >= lo)
     t_sure = tl.full([], float("inf"), tl.float32)
-    bins = tl.arange(0, NB)
     for lv in tl.static_range(LEVELS):
         if slo < shi:  # else every remaining combination has one score: done
             t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
             bn = tl.minimum(t.to(tl.int32), NB - 1)
-            tl.atomic_add(lvl_row + lv * NB + bn, cnt, mask=alive, sem="relaxed")
-            tl.debug_barrier()
-            hc = tl.load(lvl_row + lv * NB + bins, cache_modifier=".cg")
+            if INTERPRETED:
+                # weighted by the counts (0 <= cnt < 2^31) one bit plane at a time
+                hc = tl.zeros([NB], tl.int32)
+                for bit in tl.static_range(31):
+                    hc += tl.histogram(bn, NB, mask=alive & (((cnt >> bit) & 1) != 0)).to(tl.int32) << bit
+            else:
+                _lvl_add(base, lv * NB + bn, cnt, alive)
+                tl.debug_barrier()
+                hc = _lvl_read(base, lv * NB + bins)
             suffix = tl.cumsum(hc, axis=0, reverse=True)  # keys in bins >= b, non-increasing
             # bins with suffix >= need are 0 .. bstar; above = suffix[bstar + 1] (keys in
             # the bins above bstar), the largest suffix below need
@@ -465,9 +519,6 @@ def _rounds(cnt, s, need, lvl_row, NC: tl.constexpr, NB: tl.constexpr, LEVELS: t
             # these are the min over every sure combination and the live range
             slo, shi, t_sure = _red_min_max_min(tl.where(alive, s, float("inf")), tl.where(alive, s, -float("inf")),
                                                 tl.where(sure, s, float("inf")))
-    tl.debug_barrier()  # every thread has read the bins before they are cleared
-    for lv in tl.static_range(LEVELS):
-        tl.store(lvl_row + lv * NB + bins, tl.zeros([NB], tl.int32))
     # the classes are score ranges: every sure combination scores above every one still
     # in play, which score above every other candidate (the bins are monotone in the
     # score), and the emit recomputes each key's score with the very same float
@@ -510,7 +561,7 @@ def _row_ids(r, H, G):
 
 
 @triton.jit
-def _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_row, r, r64, b, h, bg, q_sb, q_sh,
+def _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_row, r, r64, b, h, bg, q_sb, q_sh,
                    M, K, bits, d_s, d_c, cap, w0, k, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr,
                    LEVELS: tl.constexpr, DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
                    TIMER: tl.constexpr):
@@ -527,14 +578,14 @@ def _row_threshold(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut
     t2 = _stamp(TIMER)
     cnt, s = _combo_scores(hist_row, lut_row, M, K, bits, NC)
     t3 = _stamp(TIMER)
-    t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+    t_sure, t_maybe, need = _rounds(cnt, s, tl.minimum(k, w0), NC, NB, LEVELS)
     t4 = _stamp(TIMER)
     return s, t_sure, t_maybe, need, t1, t2, t3, t4
 
 
 @triton.jit
 def pq_hist_kernel(
-    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, sl_ptr, len_ptr,
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, sl_ptr, len_ptr,
     w_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
     H, G, M, K, bits, d_s, S, n_old, cap, sink, window, heavy, init_offset, metric_ip,  #
@@ -560,7 +611,7 @@ def pq_hist_kernel(
         # lookup table (into scratch: the emit scores keys with it), the threshold
         lut_row = lut_ptr + r64 * M * K
         _, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
-            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_row, r, r64, b, h, bg, q_sb, q_sh, M, K,
+            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_row, r, r64, b, h, bg, q_sb, q_sh, M, K,
             bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
         # 4. one pass over the row: classify, rank, emit
         total = s_sink + k + s_win
@@ -608,14 +659,14 @@ DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4)  # code rows loaded per key: M <= MP
 # (TIMER, the phase stamps, stays at its default 0 in built variants: benches/hist_kernel.py
 # sets it in its own JIT builds)
-FIXED = {"NC": 4096, "NB": 1024, "LEVELS": 3, "DT": 1024, "BLOCK_C": 64, "BLOCK_DS": 64}
+FIXED = {"NC": 4096, "NB": ROUND_BINS, "LEVELS": ROUND_LEVELS, "DT": 1024, "BLOCK_C": 64, "BLOCK_DS": 64}
 TUNED = {("fp32", "fp32", 2), ("bf16", "bf16", 2)}
 
 
 def _args(qt, wt):
     return (
         ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
+        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"),
         ptr("lut_ptr", "fp32"), ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"),
         ptr("w_ptr", wt, False),
         i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),

@@ -377,7 +377,7 @@ def pq_wfill_kernel(w_ptr, rows, S, sink, window, FT: tl.constexpr, TRIGGER: tl.
 
 
 @triton.jit
-def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_row, w_row, r,
+def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_row, w_row, r,
                r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c, cap, CAPC, n, w0, k, s_sink, s_win, ws, init_offset,
                nc_old, after_quant, MP: tl.constexpr, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr,
                TILE: tl.constexpr, DT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr, TP: tl.constexpr,
@@ -449,7 +449,7 @@ def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr
         t_sure = lo  # unused: the pass over the codes below runs only in the other branch
         t_maybe = lo
     else:
-        t_sure, t_maybe, need = _rounds(cnt, s, need, lvl_ptr + r64 * (LEVELS * NB), NC, NB, LEVELS)
+        t_sure, t_maybe, need = _rounds(cnt, s, need, NC, NB, LEVELS)
         done = _gather_emit(common, cnt, s, t_sure, t_maybe, need, bkt_row, mark_ptr + r64 * TP, sl_row,
                             w_row, k, s_sink, init_offset, CAPC, NC, TP, PDL)
     if done:
@@ -470,7 +470,7 @@ def _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr
 
 @triton.jit
 def pq_index_kernel(
-    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, ready_ptr,
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, bkt_ptr, mark_ptr, ready_ptr,
     sl_ptr, len_ptr, w_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
     H, G, M, K, bits, d_s, S, n_old, cap, CAPC, sink, window, heavy, init_offset, metric_ip, fill, after_quant,  #
@@ -500,7 +500,7 @@ def pq_index_kernel(
         if not PDL:
             if fill == 0:
                 _fill_row(w_ptr, w_row, r64, S, s_sink, ws, FT)
-        t1, t2, t3, t4 = _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr,
+        t1, t2, t3, t4 = _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, bkt_ptr,
                                     mark_ptr, sl_row, w_row, r, r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_c, cap,
                                     CAPC, n, w0, k, s_sink, s_win, ws, init_offset, 0, after_quant, MP, NC, NB, LEVELS,
                                     TILE, DT,
@@ -523,7 +523,7 @@ INDEX_FIXED = dict({k: HIST_FIXED[k] for k in ("NC", "NB", "LEVELS", "DT", "BLOC
 def _args(t):
     return (
         ptr("q_ptr", t, False), ptr("k_ptr", t, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
+        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"),
         ptr("lut_ptr", "fp32"), ptr("bkt_ptr", "i32"), ptr("mark_ptr", "i32"), ptr("ready_ptr", "i32"),
         ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"), ptr("w_ptr", t),
         i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),

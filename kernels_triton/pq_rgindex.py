@@ -81,7 +81,7 @@ def pq_rgwfill_kernel(w_ptr, lens_ptr, stat_ptr, wext_ptr, H, K, S_alloc, init_o
 
 @triton.jit
 def pq_rgindex_kernel(
-    q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, lens_ptr, stat_ptr, nc_ptr,
+    q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, bkt_ptr, mark_ptr, lens_ptr, stat_ptr, nc_ptr,
     nc0_ptr, wext_ptr, sl_ptr, len_ptr, w_ptr,  #
     q_sb, q_sh,  #
     H, G, M, K, bits, d_s, cap, CAPC, S_alloc, T, init_offset, metric_ip,  #
@@ -107,7 +107,7 @@ def pq_rgindex_kernel(
     q = tl.arange(0, FT)
     if long:
         nc_old = tl.load(nc0_ptr + b).to(tl.int32)
-        _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_row, w_row,
+        _index_row(q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, bkt_ptr, mark_ptr, sl_row, w_row,
                    r, r64, b, h, bg, q_sb, q_sh, M, K, bits, d_s, d_s + metric_ip, cap, CAPC, n, w0, k, s_sink, s_win,
                    ws, io, nc_old, 0, MP, NC, NB, LEVELS, TILE, DT, BLOCK_C, BLOCK_DS, TP, FT, CUTS, PDL, 0, True)
         if h == 0:
@@ -139,7 +139,7 @@ RGWFILL_CH = 8192
 def _index_args(t):
     return (
         ptr("q_ptr", t, False), ptr("cent_ptr", "fp32"), ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"),
-        ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("bkt_ptr", "i32"),
+        ptr("histn_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("bkt_ptr", "i32"),
         ptr("mark_ptr", "i32"), ptr("lens_ptr", "i64", False), ptr("stat_ptr", "i32", False),
         ptr("nc_ptr", "i64", False), ptr("nc0_ptr", "i64", False), ptr("wext_ptr", "i64", False),
         ptr("sl_ptr", "i64"), ptr("len_ptr", "i64"), ptr("w_ptr", t, False),

@@ -79,7 +79,7 @@ def _rg_sizes32(lens_ptr, stat_ptr, b, S_alloc, init_offset, K, sink_c, sink_r, 
 
 @triton.jit
 def pq_rgthresh_kernel(
-    q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr,
+    q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr,
     cls_ptr, lens_ptr, stat_ptr, nc_ptr, wext_ptr, wz_ptr,  #
     q_sb, q_sh,  #
     H, G, M, K, bits, d_s, cap, S_alloc, init_offset, metric_ip,  #
@@ -115,7 +115,7 @@ def pq_rgthresh_kernel(
         tl.debug_barrier()  # the reset, for every thread, before _hist_move reads histn
         d_c = d_s + metric_ip
         s, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
-            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
+            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
             q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, 0)
         # the combinations' classes, which pq_rgsemit gathers (as pq_thresh's)
         cls = (s >= t_sure).to(tl.uint8) * 2 + (s >= t_maybe).to(tl.uint8)
@@ -215,7 +215,7 @@ def _sizes():
 def _thresh_args(qt):
     return (
         ptr("q_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"),
-        ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"),
+        ptr("histn_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"),
         ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"), ptr("cls_ptr", "u8"),
         ptr("lens_ptr", "i64", False), ptr("stat_ptr", "i32", False), ptr("nc_ptr", "i64", False),
         ptr("wext_ptr", "i64", False),

@@ -282,7 +282,7 @@ def _emit_part(ge_s, ge_m, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd
 
 @triton.jit
 def pq_thresh_kernel(
-    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr,
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr, bnd_ptr, need_ptr, flag_ptr,
     ctr_ptr, cls_ptr,  #
     q_sb, q_sh, k_sb, k_sh, k_ss,  #
     H, G, M, K, bits, d_s, S, n_old, cap, heavy, init_offset, window, metric_ip, NP,  #
@@ -305,7 +305,7 @@ def pq_thresh_kernel(
         if r == 0:
             tl.store(ctr_ptr, 0)
         s, t_sure, t_maybe, need, t1, t2, t3, t4 = _row_threshold(
-            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lvl_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
+            q_ptr, cent_ptr, codes_ptr, hist_ptr, histn_ptr, lut_ptr + r64 * M * K, r, r64, b, h, bg, q_sb,
             q_sh, M, K, bits, d_s, d_c, cap, w0, k, MP, NC, NB, LEVELS, DT, BLOCK_C, BLOCK_DS, TIMER)
         # the class bounds: candidates scoring >= t_sure are taken, >= t_maybe in order;
         # and each combination's class by them, for pq_emit (one gather per key)
@@ -364,7 +364,7 @@ TUNED = {"fp32", "bf16", "fp16"}
 def _thresh_args(qt):
     return (
         ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"), ptr("lvl_ptr", "i32"),
+        ptr("codes_ptr", "u8"), ptr("hist_ptr", "i32"), ptr("histn_ptr", "i32"),
         ptr("lut_ptr", "fp32"), ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"),
         ptr("ctr_ptr", "i32"), ptr("cls_ptr", "u8"),
         i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),

@@ -53,7 +53,6 @@ fn practical_large_state_fits_64_mb() {
         let select = rows * 4 + rows * 2 * 64 * 4; // counters, one lookup table per row
         let hist = rows * 4096 * 4
             + rows * 4
-            + rows * 3072 * 4
             + rows * 2 * 64 * 4
             + rows * 2 * 4
             + rows * 4
@@ -97,19 +96,19 @@ fn practical_large_state_fits_64_mb() {
     }
     assert_eq!(
         predicted(&practical_large(12851), &sh, SelectPath::Auto).total(),
-        62_355_980
+        60_783_116
     );
     assert_eq!(
         predicted(&practical_large(12851), &sh, SelectPath::Auto).state(),
-        15_378_956
+        13_806_092
     );
     assert_eq!(
         predicted(&practical_large(12851), &sh, SelectPath::IndexWfill).total(),
-        232_357_388
+        230_784_524
     );
     assert_eq!(
         predicted(&practical_large(12083), &sh, SelectPath::Auto).total(),
-        61_569_548
+        59_996_684
     );
 }
 

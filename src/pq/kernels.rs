@@ -21,10 +21,6 @@ pub const K_PADS: [usize; 3] = [128, 256, 512];
 /// `kernels_triton/pq_hist.py`): the path needs `K^M <= HIST_COMBOS`.
 pub const HIST_COMBOS: usize = 4096;
 
-/// Threshold rounds x bins of the histogram path's scratch (`LEVELS`, `NB` in
-/// `kernels_triton/pq_hist.py`).
-pub(crate) const HIST_LEVEL_BINS: usize = 3 * 1024;
-
 /// The kernels' dtype suffix of `d` (`fp32`, `bf16`, `fp16`).
 pub(crate) fn dt(d: DType) -> &'static str {
     match d {

@@ -248,8 +248,8 @@ impl StepLaunches<'_> {
                 let k = ks.hist.as_ref().ok_or_else(|| not_built("pq_hist"))?;
                 let named = self.hist_args(query, key, s, n_old, &state.hist, &state.histn)?;
                 let args = order.args(k, &named, false)?;
-                // Bounds: new() sized hist (rows x HIST_COMBOS), histn (rows), the level bins
-                // (rows x HIST_LEVEL_BINS) and the lookup table (rows x M x K); ensure_buffers
+                // Bounds: new() sized hist (rows x HIST_COMBOS), histn (rows) and the lookup
+                // table (rows x M x K); ensure_buffers
                 // sized sparse_list (rows x total), weight (rows x s), codes (cap >= n keys); the
                 // kernel reads codes j < max(histn, w0) <= n_old (histn only ever holds an
                 // earlier step's w0, or 0 after reset_hist) and writes codes n_old .. n.
@@ -276,7 +276,7 @@ impl StepLaunches<'_> {
                 // one list for both kernels: each takes the names its signature lists
                 let targs = order.args(&sp.thresh, &named, true)?;
                 let eargs = order.args(&sp.emit, &named, true)?;
-                // Bounds: as pq_hist above for hist/histn/lvl/lut, codes and the outputs; new()
+                // Bounds: as pq_hist above for hist/histn/lut, codes and the outputs; new()
                 // sized bnd (rows x 2), need (rows), the ticket counter (1) and the classes (rows x
                 // HIST_COMBOS: pq_thresh writes them, pq_emit gathers combinations masked below
                 // HIST_COMBOS); hist_lut (rows x M x K) is pq_thresh's output;
@@ -423,7 +423,7 @@ impl StepLaunches<'_> {
         // Bounds: pq_wfill writes weight elements 0 .. rows x s (ensure_buffers
         // sized weight for that; rows x s < 2^31 checked by plan_step), any grid
         // size. pq_index as pq_hist for hist/histn (here ihist/ihistn, new(): rows x
-        // HIST_COMBOS, rows), lvl, lut, codes and the outputs; ensure_buffers sized
+        // HIST_COMBOS, rows), lut, codes and the outputs; ensure_buffers sized
         // bkt for rows x HIST_COMBOS x capc (the kernel stores slots < CAPC = capc
         // only) and new() the marks for rows x TP (the kernel's constexpr, kept in
         // IndexKernels) and the arrival counters for rows. Companion fill: CTA (r, 0)
@@ -642,7 +642,6 @@ impl StepLaunches<'_> {
         named.extend([
             ("hist_ptr", KernelArg::Buf(hist.buf())),
             ("histn_ptr", KernelArg::Buf(histn.buf())),
-            ("lvl_ptr", KernelArg::Buf(state.hist_lvl.buf())),
             ("lut_ptr", KernelArg::Buf(state.hist_lut.buf())),
             ("bits", i32_arg("pq_bits", state.cfg.pq_bits as usize)?),
         ]);

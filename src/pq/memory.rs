@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use crate::pq::config::{PqConfig, Shape};
-use crate::pq::kernels::{HIST_COMBOS, HIST_LEVEL_BINS, K_PADS, RANGE_BINS};
+use crate::pq::kernels::{HIST_COMBOS, K_PADS, RANGE_BINS};
 use crate::pq::plan::{bucket_capacity, code_capacity, takes_index, PlanFacts, SelectPath};
 
 /// `pq_select`'s `CHUNK` in the shipped kernel set's sm_90 defaults
@@ -150,7 +150,6 @@ pub fn state_bytes_for(
     if facts.hist.is_some() {
         b.hist = n_of(rows * HIST_COMBOS, 4)
             + n_of(rows, 4)
-            + n_of(rows * HIST_LEVEL_BINS, 4)
             + n_of(rows * m * k, 4)
             + n_of(rows * 2, 4)
             + n_of(rows, 4)

@@ -912,7 +912,6 @@ impl GpuIndexer {
         named.extend([
             ("hist_ptr", KernelArg::Buf(st.hist.buf())),
             ("histn_ptr", KernelArg::Buf(st.histn.buf())),
-            ("lvl_ptr", KernelArg::Buf(st.hist_lvl.buf())),
             ("bnd_ptr", KernelArg::Buf(st.split_bnd.buf())),
             ("need_ptr", KernelArg::Buf(st.split_need.buf())),
             ("flag_ptr", KernelArg::Buf(st.split_flag.buf())),
@@ -937,8 +936,7 @@ impl GpuIndexer {
         // positions < S_alloc: part stores below S_b, stale zeros below wext <= S_alloc,
         // wext being S_alloc or an earlier S_b), and grew the codes to cap >= S_alloc -
         // init_offset keys (codes read at j < cap, masked). DeviceState::new sized hist
-        // (B*H x HIST_COMBOS), histn (B*H), the level bins (B*H x HIST_LEVEL_BINS), bnd
-        // (B*H x 2), need (B*H), the classes (B*H x HIST_COMBOS: pq_rgthresh writes a long
+        // (B*H x HIST_COMBOS), histn (B*H), bnd (B*H x 2), need (B*H), the classes (B*H x HIST_COMBOS: pq_rgthresh writes a long
         // row's, pq_rgsemit gathers that row's combinations, masked below HIST_COMBOS) and
         // the ticket counter (1) where the histogram kernels are
         // built (the split path needs hist_built_for, as they do). The caller vouched
@@ -984,7 +982,6 @@ impl GpuIndexer {
         named.extend([
             ("hist_ptr", KernelArg::Buf(st.ihist.buf())),
             ("histn_ptr", KernelArg::Buf(st.ihistn.buf())),
-            ("lvl_ptr", KernelArg::Buf(st.hist_lvl.buf())),
             ("bkt_ptr", KernelArg::Buf(st.bkt.buf())),
             ("mark_ptr", KernelArg::Buf(st.mark.buf())),
             ("CAPC", i32_arg("bucket capacity", st.capc)?),
@@ -1003,8 +1000,7 @@ impl GpuIndexer {
         // S_alloc or an earlier S_b; heavy ones at positions < S_b), grew the codes to cap
         // >= S_alloc - init_offset keys, and (ensure_buffers with the indexed path) ihist
         // (B*H x HIST_COMBOS), ihistn (B*H), the marks (B*H x TP), the buckets (B*H x
-        // HIST_COMBOS x capc; slots stored below CAPC = capc only); DeviceState::new sized
-        // the level bins (B*H x HIST_LEVEL_BINS). The caller vouched (check_extent) for
+        // HIST_COMBOS x capc; slots stored below CAPC = capc only). The caller vouched (check_extent) for
         // query [B, H, 1, D] and key [B, H_kv, S_alloc, D] and the lengths buffer holds >=
         // B i64. Ordering: pq_rgq writes codes n_cached[b] .. n, stat and nc0 before
         // pq_rgwfill starts (stream order) and so before pq_rgindex, its programmatic

@@ -9,7 +9,7 @@ use crate::abi::KernelArg;
 use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, Metric, PqConfig, Shape};
-use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, HIST_LEVEL_BINS, RANGE_BINS};
+use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, RANGE_BINS};
 use crate::pq::launch::{i32_arg, ArgOrder};
 use crate::pq::memory::StateBytes;
 use crate::pq::plan::{bucket_capacity, code_capacity};
@@ -57,11 +57,11 @@ pub(crate) struct DeviceState {
     /// The select kernel's per-CTA lookup table `f32 [CTAs, M, K]`.
     pub lut: DevBuf<f32>,
     /// Histogram path state: combination counts `i32 [B*H, HIST_COMBOS]` of the keys
-    /// `j < histn[r]`, `histn i32 [B*H]`, the threshold rounds' bins (kept zero by the
-    /// kernel) and the per-row lookup table. Zero-filled at creation and on import.
+    /// `j < histn[r]`, `histn i32 [B*H]` and the per-row lookup table (the threshold
+    /// rounds' bins are each row CTA's shared memory). Zero-filled at creation and on
+    /// import.
     pub hist: DevBuf<i32>,
     pub histn: DevBuf<i32>,
-    pub hist_lvl: DevBuf<i32>,
     pub hist_lut: DevBuf<f32>,
     /// Split path scratch: each row's class bounds `f32 [B*H, 2]` (`t_sure`, `t_maybe`:
     /// the radix-select path's `pq_emit` scores keys through `hist_lut` and compares them
@@ -154,7 +154,6 @@ impl DeviceState {
             lut: DevBuf::new(),
             hist: DevBuf::new(),
             histn: DevBuf::new(),
-            hist_lvl: DevBuf::new(),
             hist_lut: DevBuf::new(),
             split_bnd: DevBuf::new(),
             split_need: DevBuf::new(),
@@ -191,7 +190,6 @@ impl DeviceState {
             // allocated zero-filled: an empty histogram counting no keys
             me.hist.ensure(&st, rows * HIST_COMBOS)?;
             me.histn.ensure(&st, rows)?;
-            me.hist_lvl.ensure(&st, rows * HIST_LEVEL_BINS)?;
             me.hist_lut.ensure(&st, rows * m * k)?;
             me.split_bnd.ensure(&st, rows * 2)?;
             me.split_need.ensure(&st, rows)?;
@@ -527,7 +525,6 @@ impl DeviceState {
             select: b(&self.lut) + b(&self.stage) + b(&self.cand) + b(&self.count),
             hist: b(&self.hist)
                 + b(&self.histn)
-                + b(&self.hist_lvl)
                 + b(&self.hist_lut)
                 + b(&self.split_bnd)
                 + b(&self.split_need)
@@ -559,7 +556,6 @@ impl DeviceState {
             self.count.ptr(),
             self.hist.ptr(),
             self.histn.ptr(),
-            self.hist_lvl.ptr(),
             self.hist_lut.ptr(),
             self.split_bnd.ptr(),
             self.split_need.ptr(),
