@@ -211,7 +211,9 @@ def compile_job(job):
     with contextlib.redirect_stdout(log):
         # a kernel built with the constexpr PDL=1 takes part in a programmatic dependent
         # launch (griddepcontrol): the runtime launches it with that attribute (metadata
-        # launch_pdl)
+        # launch_pdl); one built with the constexpr CLUSTER = c > 1 runs its CTAs in clusters
+        # of (c, 1, 1) (distributed shared memory, cluster barriers): the runtime launches it
+        # with that cluster (metadata cluster_dims; Triton's own num_ctas stays 1)
         options = {"num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1,
                    "launch_pdl": compiled.get("PDL") == 1}
         if k.maxnreg:
@@ -240,6 +242,7 @@ def compile_job(job):
         "profile_scratch_align": int(md["profile_scratch_align"] or 1),
         "launch_pdl": bool(md["launch_pdl"]),
         "launch_cooperative_grid": bool(md["launch_cooperative_grid"]),
+        "cluster": int(compiled.get("CLUSTER", 1)),
         "triton_version": md["triton_version"],
         "registers": int(regs[-1]) if regs else None,
         "spill_bytes": int(spill[-1]) if spill else None,
@@ -413,7 +416,7 @@ def build(out: Path, jobs: int, quiet: bool = False, only: set | None = None) ->
             "num_warps": r["num_warps"],
             "num_stages": r["num_stages"],
             "num_ctas": r["num_ctas"],
-            "cluster_dims": [r["num_ctas"], 1, 1],
+            "cluster_dims": [r["num_ctas"] * r["cluster"], 1, 1],
             "shared": r["shared"],
             "global_scratch_size": r["global_scratch_size"],
             "global_scratch_align": r["global_scratch_align"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU check of the radix-select threshold (``pq_range.py``: ``pq_rlut_kernel``, then
-``pq_rround_kernel`` three times, then ``pq_emit_kernel``) under Triton's interpreter (no
-GPU, no torch).
+``pq_rsel_kernel``, then ``pq_emit_kernel``) under Triton's interpreter (no GPU, no
+torch).
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_range.py [--case NAME] [--seed N]
 
@@ -12,9 +12,10 @@ window (``pq_emit``'s generic placement), on small random shapes, every row chec
 ``interp_check.py`` checks it (heavy set by the 1e-4 rule with float64 scores, exact on
 small-integer inputs; sink, window, order, weights, new keys' codes). Each case runs
 several decode steps, a replay of the last one, and the same step with the CTAs run in
-reverse order (the rounds' last-CTA-closes pattern must not depend on the order); the
-radix state's histogram and counters must be left zero. Outputs are poisoned before each
-launch. Exit status 1 on the first mismatch.
+reverse order. Steps alternate one CTA a row and a cluster of 2 (the interpreter runs no
+distributed shared memory: there every CTA of a cluster counts the whole row, so this
+checks that one CTA writes the bounds and one the new code, whatever the order). Outputs
+are poisoned before each launch. Exit status 1 on the first mismatch.
 """
 
 import os
@@ -28,29 +29,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from interp_check import Arr, case_args, check, make_state, poison_nonfinite, poisoned_outputs, reversed_grid  # noqa: E402,E501
-from pq_range import LEVELS, RLUT_FIXED, RROUND_FIXED, pq_rlut_kernel, pq_rround_kernel  # noqa: E402
+from pq_range import RLUT_FIXED, RSEL_FIXED, pq_rlut_kernel, pq_rsel_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, pq_emit_kernel  # noqa: E402
 
-NB = RROUND_FIXED["NB"]
 
 
-def run_range(st, S, n_old, cfg, tile, rtile, mp, reverse=False):
-    """pq_rlut, LEVELS x pq_rround (TILE = ``rtile``), pq_emit (TILE = ``tile``) for the
-    state ``st`` at S; returns (sparse_list, sparse_len, weight_list) and the rounds that
-    found work."""
+def run_range(st, S, n_old, cfg, tile, rtile, mp, cluster, reverse=False):
+    """pq_rlut, pq_rsel (TILE = ``rtile``, ``cluster`` CTAs a row), pq_emit (TILE =
+    ``tile``) for the state ``st`` at S; returns (sparse_list, sparse_len, weight_list)."""
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     K = 1 << bits
     rows = B * H
     io = cfg["init_offset"]
     NP = -(-(S - io) // tile)
     w0 = max(0, S - min(cfg["window"], S) - io)
-    LP = max(1, -(-w0 // rtile))
     sl, ln, w = poisoned_outputs(rows, S, cfg)
     bnd = Arr(np.full((rows, 2), np.nan, np.float32))
     need = Arr(np.full(rows, -7, np.int32))
     flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_rlut zeroes them
     ctr = Arr(np.full(1, 12345, np.int32))
-    rst = Arr(np.full((rows, 4), -99, np.int64))  # poisoned: round 0 starts every row
     nch = -(-K // RLUT_FIXED["BLOCK_C"])
     qd = Arr(np.full((B * H_kv, M, nch), np.nan, np.float32))
     qc = Arr(np.full((B * H_kv, M, nch), -1, np.int32))
@@ -63,21 +60,16 @@ def run_range(st, S, n_old, cfg, tile, rtile, mp, reverse=False):
             q, key, cent, st["phi"], qd, qc, st["lut"], flag, ctr, H * D, D, H_kv * Sk * D, Sk * D, D,
             H, G, M, K, D // M, S, n_old, io, st["metric_ip"], NP, **RLUT_FIXED, num_warps=4)
         assert not flag.a.any() and ctr.a[0] == 0, "pq_rlut left the emit's flags or counter non-zero"
-        rounds = 0
-        for rd in range(LEVELS):
-            rounds += int(rd == 0 or (rst.a[:, 3] == 0).any())
-            pq_rround_kernel[(LP, rows)](
-                st["codes"], st["lut"], qd, qc, rst, st["rhist"], st["rtick"], bnd, need, H, G, M, K, S, n_old,
-                st["cap"], cfg["heavy"], io, cfg["window"], LP, rd, MP=mp, TILE=rtile, **RROUND_FIXED, num_warps=4)
-            assert not st["rhist"].a.any(), "a round left its histogram non-zero"
-            assert not st["rtick"].a.any(), "a round left its counter non-zero"
-        assert np.all(rst.a[:, 3] == 1), f"rows not resolved after {LEVELS} rounds: {np.flatnonzero(rst.a[:, 3] != 1)}"
+        pq_rsel_kernel[(cluster, rows)](
+            st["codes"], st["lut"], qd, qc, bnd, need, H, G, M, K, S, n_old, st["cap"], cfg["heavy"], io,
+            cfg["window"], MP=mp, TILE=rtile, CLUSTER=cluster, **RSEL_FIXED, num_warps=4)
+        assert not np.isnan(bnd.a).any() and (need.a >= 0).all(), "pq_rsel left a row without bounds"
         pq_emit_kernel[(rows * NP, )](
             # cls_ptr: the codes, never read (by_class = 0: the radix path scores its keys)
             st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, st["codes"], H, G, M, K, S, st["cap"],
             cfg["sink"], cfg["window"], cfg["heavy"], io, NP, 0, MP=mp, TILE=tile, **EMIT_FIXED, num_warps=4)
     assert ctr.a[0] == rows * NP, f"emit tickets {ctr.a[0]} != {rows * NP} CTAs"
-    return (sl.a, ln.a, w.a), rounds
+    return sl.a, ln.a, w.a
 
 
 class _nothing:
@@ -151,20 +143,16 @@ def main():
             st["q"].a[...] *= 700.0
         if name == "flat":
             st["cent"].a[...] = st["cent"].a[..., :1, :, :]
-        rows = B * H
-        st["rhist"] = Arr(np.zeros((rows, NB), np.int32))
-        st["rtick"] = Arr(np.zeros(rows, np.int32))
         n_old = n0
         plan = [S0 + i for i in range(steps)] + [S0 + steps - 1]  # decode steps, then a replay
-        total_rounds = 0
         for i, S in enumerate(plan + [plan[-1]]):
             reverse = i == len(plan)
-            out, rounds = run_range(st, S, n_old, cfg, tile, rtile, mp, reverse)
+            cluster = 1 + i % 2
+            out = run_range(st, S, n_old, cfg, tile, rtile, mp, cluster, reverse)
             tag = ", CTAs in reverse order" if reverse else ""
-            check(st, S, n_old, cfg, out, f"{name} step {i} S={S}{tag}")
-            total_rounds += rounds
+            check(st, S, n_old, cfg, out, f"{name} step {i} S={S}, {cluster} CTA(s) a row{tag}")
             n_old = max(n_old, S - cfg["init_offset"])
-        print(f"  {name}: {len(plan) + 1} steps ok ({total_rounds} rounds with work)")
+        print(f"  {name}: {len(plan) + 1} steps ok")
     print("interp_range: ok")
     return 0
 

@@ -11,27 +11,21 @@ b)`` of ranks that holds the ``need``-th largest candidate still to place:
 
 * a key's bin is ``floor((x - a) * NB / (b - a))`` clamped to ``0 .. NB - 1``
   (``_vbin``): each operation rounded once, so the bin never decreases as ``x`` grows;
-* the row's last CTA of a round keeps the bin ``d`` holding the ``need``-th largest
-  candidate (``need`` less the keys in the bins above it) and finds its exact rank
-  bounds by a search over the floats (``_bin_edges``: the lowest rank in bin ``d`` and
-  the lowest in ``d + 1``, tested 32 floats at a time), so the bin is exactly the keys ``lo <= x < hi`` and
-  ``pq_emit``'s comparisons select the same keys;
+* every CTA of the row keeps the bin ``d`` holding the ``need``-th largest candidate
+  (``need`` less the keys in the bins above it) and finds its exact rank bounds by a
+  search over the floats (``_bin_edges``: the lowest rank in bin ``d`` and the lowest in
+  ``d + 1``, tested 32 floats at a time), so the bin is exactly the keys ``lo <= x <
+  hi`` and ``pq_emit``'s comparisons select the same keys;
 * the row is resolved when that bin holds one value, or is no wider than ``5e-5 (1 +
   |x|)`` (half the spec's tolerance ``1e-4 (1 + |score|)``: the keys in it are near-ties,
   taken in position order); else the next round bins ``[lo, hi)``.
 
 Then ``pq_emit`` gets the split path's class bounds: ``t_sure = hi`` (every candidate at
 or above it is taken), ``t_maybe = lo``, ``need`` (candidates in ``[lo, hi)`` taken in
-position order while fewer than ``need`` are). The first round has ``NB0 = 256`` bins,
-counted per CTA (``tl.histogram``) before its global atomics: with 4096 bins every key's
-atomic met the few bins where most keys fall (measured: that round then cost more than
-the others together); later rounds have 4096 bins and only the few keys in the range
-reach an atomic. Two rounds are launched: after them a row's bin is at most ``(b - a) /
-2^20`` wide, which resolves every row whose scores span less than about ``50 (1 + |x|)``
-(the usual case). Ranks span at most 2^16, so one more round of 4096 bins always
-resolves (2^-16, under ``5e-5``): the closing CTA of the last launched round runs it alone
-over its row for the rare row still open (huge scores), instead of a third launch every
-step.
+position order while fewer than ``need`` are). Rounds have ``NB = 2048`` bins; two narrow
+a range by 2^22, which resolves every row whose scores span less than about ``200 (1 +
+|x|)`` (the usual case), and ranks span at most 2^17, so the third always resolves
+(2^-16, under ``5e-5``).
 
 ``pq_rlut_kernel``, grid ``(B*H, M, cdiv(K, BLOCK_C))``: CTA ``(r, m, i)`` writes entries
 ``i*BLOCK_C ..`` of row ``m`` of head ``r``'s lookup table ``lut f32 [B*H, M, K]`` (one
@@ -39,29 +33,32 @@ tile of centroids each: the table's latency chain spread over many CTAs). Where 
 the first head of its KV group and the step has a new key (at most one: the host runs
 ``pq_quant`` first for more), the same CTA also finds that key's nearest centroid of its
 block (``_block_nearest``, one block of ``_nearest``'s loop) into ``qd f32 / qc i32
-[B*H_kv, M, cdiv(K, BLOCK_C)]``; the last round combines the blocks into the code as
-``_nearest`` does (``_store_code``), off the first round's path. CTA ``(r, 0, 0)`` also
-zeroes the emit's part flags ``flag i64 [B*H, NP]`` and (row 0) its ticket counter ``ctr
-i32 [1]``.
+[B*H_kv, M, cdiv(K, BLOCK_C)]``; ``pq_rsel`` combines the blocks into the code as
+``_nearest`` does (``_store_code``). CTA ``(r, 0, 0)`` also zeroes the emit's part flags
+``flag i64 [B*H, NP]`` and (row 0) its ticket counter ``ctr i32 [1]``.
 
-``pq_rround_kernel``, grid ``(LP, B*H)``, ``LP = cdiv(w0, TILE)``, launched twice
-(``ROUND`` 0, 1): CTA ``(c, r)`` scores candidates ``c*TILE ..`` of row ``r`` and adds
-those in the range to the row's histogram ``rhist i32 [B*H, NB]`` (global atomics), then
-takes a ticket on the row's counter ``rtick i32 [B*H]``; the row's last CTA to arrive (no
-CTA waits for another) closes the round and leaves the histogram and the counter zero.
-Round 0 starts every row from its lookup table: ``[a, b)`` = the ranks of ``lo = sum_m
-min_c lut[m, c]`` and just above ``hi`` (maxima), added in the keys' order, so by the
-monotonicity of rounding every key lies in it; the full rank range where the table holds
-a non-finite entry; ``need = min(k, w0)``. Later rounds read the row's state ``rst i64
-[B*H, 4]`` (``a``, ``b`` as f32 bits, ``need``, resolved) and exit at once on a resolved
-row. The closing CTA writes ``bnd f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and ``need i32
-[B*H]`` when the row resolves (``k = 0``: nothing is taken).
+``pq_rsel_kernel``, grid ``(CLUSTER, B*H)``, launched in clusters of ``CLUSTER`` CTAs (8 on
+sm_90; sm_80 has no clusters and runs one CTA a row): row ``r``'s cluster runs every
+round of its select in one launch. A round: CTA ``c`` scores candidate tiles ``c, c +
+CLUSTER, ..`` of ``TILE`` keys and counts those in the range into its own ``NB`` bins of
+shared memory (shared atomics); after a cluster barrier CTA ``c`` sums its ``NB /
+CLUSTER`` bins' counts over every CTA of the cluster (distributed shared memory) and,
+after a second, every CTA reads all the sums, so every CTA takes the same bin and bounds
+and needs no other message. The first round starts from the lookup table: ``[a, b)`` =
+the ranks of ``lo = sum_m min_c lut[m, c]`` and just above ``hi`` (maxima), added in the
+keys' order, so by the monotonicity of rounding every key lies in it; the full rank
+range where the table holds a non-finite entry; ``need = min(k, w0)``. CTA 0 writes
+``bnd f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and ``need i32 [B*H]`` (``k = 0``: nothing
+is taken). Correct under any schedule: a cluster's CTAs run together (the hardware
+places them at once), and no CTA waits on another cluster. This replaced launches of a
+round kernel each (the row's CTAs adding to global counts and the last to arrive closing
+the round), which cost ~11 us a round at (2, 8) heavy 3020 (NOTES.md, "the radix
+select in one cluster a row").
 
 Launch contract: README.md in this directory. A row whose candidates are at most ``k``
-(``w0 <= k``) takes them all: round 0 resolves it at once (``t_sure`` below every rank,
-``need = 0``), ``pq_emit`` adding the lowest masked keys up to ``k``. Host
-preconditions: no new key among the candidates (``w0 <= n_old``) and at most one new
-key.
+(``w0 <= k``) takes them all: it is resolved at once (``t_sure`` below every rank, ``need
+= 0``), ``pq_emit`` adding the lowest masked keys up to ``k``. Host preconditions: no new
+key among the candidates (``w0 <= n_old``) and at most one new key.
 """
 
 import triton
@@ -69,7 +66,8 @@ import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import RANK_INF, RANK_NAN, _block_nearest, _lut_tile, _rank_score, _row_dots
-from pq_hist import _row_ids, _row_sizes
+from pq_hist import LVL_WORDS, _lvl_add, _lvl_read, _lvl_smem, _lvl_zero, _row_ids, _row_sizes
+from pq_select import INTERPRETED
 from pq_split import _part_scores
 
 #: the class bounds of a row with nothing to pick: above every rank (|rank| <= 32768)
@@ -204,12 +202,35 @@ def _bin_edges(a, b, sc, d, NB: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _resolve(bnd_ptr, need_ptr, rs, r, r64, t_sure, t_maybe, need):
-    """The row's class bounds for ``pq_emit``, and the row marked resolved."""
+def _resolve(bnd_ptr, need_ptr, r, r64, t_sure, t_maybe, need):
+    """The row's class bounds for ``pq_emit``."""
     tl.store(bnd_ptr + 2 * r64, t_sure)
     tl.store(bnd_ptr + 2 * r64 + 1, t_maybe)
     tl.store(need_ptr + r, need.to(tl.int32))
-    tl.store(rs + 3, 1)
+
+
+@triton.jit
+def _cluster_sync():
+    """Barrier of every thread of the CTA's cluster; shared and global writes before it are
+    seen after it (release / acquire at cluster scope)."""
+    tl.inline_asm_elementwise("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n\tmov.b32 $0, 0;",
+                              "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _smem_store(base, i, v):
+    """Stores ``v`` into words ``i`` of the shared memory at ``base``."""
+    tl.inline_asm_elementwise("st.shared.b32 [$1], $2;\n\tmov.b32 $0, 0;", "=r,r,r", [base + 4 * i, v], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _cluster_read(addr, rank):
+    """Words at shared-window addresses ``addr`` (i32 tensor) of the cluster's CTA ``rank``
+    (distributed shared memory: ``mapa`` then ``ld.shared::cluster``)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 %ra; mapa.shared::cluster.u32 %ra, $1, $2; ld.shared::cluster.b32 $0, [%ra]; }", "=r,r,r",
+        [addr, rank + tl.zeros_like(addr)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -254,20 +275,25 @@ def pq_rlut_kernel(
 
 
 @triton.jit
-def _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, BLOCK_C: tl.constexpr):
+def _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, MP: tl.constexpr, NCH: tl.constexpr,
+                BLOCK_C: tl.constexpr):
     """The new key's codes from ``pq_rlut``'s partial argmins: per subvector, the first
-    block with the strictly least distance from ``(+inf, 0)``, as ``_nearest``."""
+    block with the strictly least distance from ``(+inf, 0)``, as ``_nearest`` (a NaN
+    distance never taken; code 0 where none is finite). All ``M x cdiv(K, BLOCK_C) <= MP x
+    NCH`` partials are loaded at once."""
     nch = tl.cdiv(K, BLOCK_C)
-    for m in range(M):
-        best_d = float("inf")
-        best_c = 0
-        for i in range(nch):
-            dmin = tl.load(qd_ptr + (bg * M + m) * nch + i)
-            cmin = tl.load(qc_ptr + (bg * M + m) * nch + i)
-            take = dmin < best_d
-            best_c = tl.where(take, cmin, best_c)
-            best_d = tl.where(take, dmin, best_d)
-        tl.store(codes_ptr + (bg * M + m) * cap + n_old, best_c.to(tl.uint8))
+    mm = tl.arange(0, MP)
+    ii = tl.arange(0, NCH)
+    on = (mm[:, None] < M) & (ii[None, :] < nch)
+    off = (bg * M + mm[:, None]) * nch + ii[None, :]
+    dmin = tl.load(qd_ptr + off, mask=on, other=float("inf"))
+    cmin = tl.load(qc_ptr + off, mask=on, other=0)
+    dmin = tl.where(dmin == dmin, dmin, float("inf"))
+    best = tl.min(dmin, axis=1)
+    first = tl.min(tl.where(dmin == best[:, None], ii[None, :], NCH), axis=1)
+    code = tl.sum(tl.where(ii[None, :] == first[:, None], cmin, 0), axis=1)
+    code = tl.where(best < float("inf"), code, 0)
+    tl.store(codes_ptr + (bg * M + mm) * cap + n_old, code.to(tl.uint8), mask=mm < M)
 
 
 @triton.jit
@@ -288,119 +314,96 @@ def _bin_bounds(cnt, a, b, need, NB: tl.constexpr):
     return lo, hi, need2, done
 
 
-@triton.jit(noinline=True)
-def _finish_row(rs, hrow, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, lo, hi, need2,
-                MP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr):
-    """The last launched round's closing CTA finishing a row still open (see
-    ``_close_round``): one more pass over the row's candidates into the row's histogram of
-    ``NB`` bins of ``[lo, hi)`` by this CTA alone (global atomics), and the row resolved.
-    Not inlined, 1024 keys at a time: so the round CTAs keep their registers (M = 2, TILE
-    4096, 8 warps: 80, as with no finishing pass; inlined: 112; inlined over TILE keys at
-    a time: 128 and spills)."""
-    bins = tl.arange(0, NB)
-    # the row's histogram again (global atomics: a CTA-local histogram of NB bins would
-    # raise every round CTA's registers)
-    sc = NB / (hi - lo)
-    tl.store(hrow + bins, tl.zeros([NB], tl.int32))
-    tl.debug_barrier()
-    for j0 in range(0, w0, 1024):  # 1024 keys at a time: few registers
-        j = j0 + tl.arange(0, 1024)
-        x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
-        tl.atomic_add(hrow + _vbin(x, lo, sc, NB), tl.full([1024], 1, tl.int32),
-                      mask=(j < w0) & (x >= lo) & (x < hi), sem="relaxed")
-    tl.debug_barrier()
-    c2 = tl.load(hrow + bins, cache_modifier=".cg")
-    lo2, hi2, need3, _ = _bin_bounds(c2, lo, hi, need2, NB)
-    _resolve(bnd_ptr, need_ptr, rs, r, r64, hi2, lo2, need3)
-
-
 @triton.jit
-def _close_round(rs, hrow, tick, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, a, b, need, LAST,
-                 MP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr):
-    """The row's last CTA of a round of ``NB`` bins: keep the bin holding the ``need``-th
-    largest candidate of ``[a, b)`` and its exact rank bounds (``_bin_bounds``), then
-    resolve the row there if it can, else narrow the range to it; after the last
-    launched round an unresolved row (a range over ``5e-5 (1 + |x|) * 2^20`` wide, rare)
-    is finished by this CTA alone: one more pass over the row's candidates into the row's
-    histogram of ``NB`` bins of ``[lo, hi)``, whose bin is at most ``2^-16``
-    wide (ranks span at most ``2^16``; 256 x 4096 x 4096 bins), and the row resolved.
-    Leaves the histogram and the counter zero."""
+def _round_counts(codes_ptr, lut_row, base, bg, M, K, cap, w0, c, a, b, MP: tl.constexpr, TILE: tl.constexpr,
+                  NB: tl.constexpr, CLUSTER: tl.constexpr):
+    """The row's candidates (``j < w0``) of ranks in ``[a, b)`` per bin of ``NB`` bins
+    (``_vbin``), i32 ``[NB]``, the same in every CTA of the row's cluster. CTA ``c`` scores
+    tiles ``c, c + CLUSTER, ..`` of ``TILE`` candidates into its own bins (the rounds'
+    shared memory at ``base``: shared atomics); after a cluster barrier CTA ``c`` sums bins
+    ``c * NB / CLUSTER ..`` of every CTA (distributed shared memory) into its totals (the
+    words after its bins) and, after a second, every CTA reads every CTA's totals. A CTA
+    writes its bins again only after the second barrier of the round before, and its
+    totals after the first of this one, when every read of them is done. (Adding each
+    key's count straight into the owning CTA's totals, one barrier a round, was 6-8x
+    slower: a distributed shared memory atomic is a round trip.) Under Triton's
+    interpreter (no PTX, no distributed shared memory) every CTA counts the whole row
+    itself, by ``tl.histogram`` s: the same counts."""
     bins = tl.arange(0, NB)
-    cnt = tl.load(hrow + bins, cache_modifier=".cg")
-    lo, hi, need2, done = _bin_bounds(cnt, a, b, need, NB)
-    if done:
-        _resolve(bnd_ptr, need_ptr, rs, r, r64, hi, lo, need2)
-    elif LAST:
-        _finish_row(rs, hrow, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, lo, hi, need2, MP,
-                    TILE, NB)
+    sc = NB / (b - a)
+    if INTERPRETED:
+        cnt = tl.zeros([NB], tl.int32)
+        for t0 in range(0, w0, TILE):
+            j = t0 + tl.arange(0, TILE)
+            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
+            cnt += tl.histogram(_vbin(x, a, sc, NB), NB, mask=(j < w0) & (x >= a) & (x < b))
     else:
-        tl.store(rs + 0, lo.to(tl.int32, bitcast=True).to(tl.int64))
-        tl.store(rs + 1, hi.to(tl.int32, bitcast=True).to(tl.int64))
-        tl.store(rs + 2, need2)
-    tl.store(hrow + bins, tl.zeros([NB], tl.int32))
-    tl.store(tick + r, 0)
+        tl.debug_barrier()  # this CTA's reads of its bins (the round before) are done
+        _lvl_zero(base, bins)
+        tl.debug_barrier()
+        for t0 in range(c * TILE, w0, CLUSTER * TILE):
+            j = t0 + tl.arange(0, TILE)
+            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
+            _lvl_add(base, _vbin(x, a, sc, NB), tl.full([TILE], 1, tl.int32), (j < w0) & (x >= a) & (x < b))
+        if CLUSTER > 1:
+            NBC: tl.constexpr = NB // CLUSTER
+            i = tl.arange(0, NBC)
+            _cluster_sync()  # every CTA's bins complete
+            tot = tl.zeros([NBC], tl.int32)
+            for q in tl.static_range(CLUSTER):
+                tot += _cluster_read(base + 4 * (c * NBC + i), q)
+            _smem_store(base, NB + i, tot)
+            _cluster_sync()  # every CTA's totals complete
+            cnt = _cluster_read(base + 4 * (NB + bins % NBC), bins // NBC)
+        else:
+            tl.debug_barrier()
+            cnt = _lvl_read(base, bins)
+    return cnt
 
 
 @triton.jit
-def pq_rround_kernel(
-    codes_ptr, lut_ptr, qd_ptr, qc_ptr, rst_ptr, rhist_ptr, rtick_ptr, bnd_ptr, need_ptr,  #
-    H, G, M, K, S, n_old, cap, heavy, init_offset, window, LP, ROUND,  #
-    MP: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, NB0: tl.constexpr, NB: tl.constexpr,
-    LEVELS: tl.constexpr, BLOCK_C: tl.constexpr,
+def pq_rsel_kernel(
+    codes_ptr, lut_ptr, qd_ptr, qc_ptr, bnd_ptr, need_ptr,  #
+    H, G, M, K, S, n_old, cap, heavy, init_offset, window,  #
+    MP: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr, ROUNDS: tl.constexpr,
+    CLUSTER: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
-    c = tl.program_id(0)
+    c = tl.program_id(0)  # the CTA's rank in its row's cluster
     r = tl.program_id(1)
     r64, b_, h, g, bg = _row_ids(r, H, G)
-    rs = rst_ptr + r64 * 4
     lut_row = lut_ptr + r64 * M * K
     n, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)
-    last = ROUND == LEVELS - 1
-    if last & (c == 0) & (h % G == 0) & (n > n_old):
-        _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, BLOCK_C)
-    j = c * TILE + tl.arange(0, TILE)
-    cand = j < w0
-    if ROUND == 0:
-        need = tl.minimum(k, w0).to(tl.int64)
-        if w0 <= k:
-            # every candidate is taken (pq_emit adds the lowest masked keys up to k)
-            if c == 0:
-                _resolve(bnd_ptr, need_ptr, rs, r, r64, -NO_PICK, -NO_PICK, need - need)
-        elif need <= 0:
-            if c == 0:
-                _resolve(bnd_ptr, need_ptr, rs, r, r64, NO_PICK, NO_PICK, need)
-        else:
-            # the first round: NB0 bins, counted per CTA (tl.histogram) before the
-            # atomics, which would otherwise meet on the few bins most keys fall in
-            a, b = _rank_bounds(lut_row, M, K, MP, KP)
-            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
-            hit = cand & (x >= a) & (x < b)
-            cnt = tl.histogram(_vbin(x, a, NB0 / (b - a), NB0), NB0, mask=hit)
-            hrow = rhist_ptr + r64 * NB
-            bins = tl.arange(0, NB0)
-            tl.atomic_add(hrow + bins, cnt, mask=cnt > 0, sem="relaxed")
-            # the row's last CTA to arrive closes the round (no CTA waits for another)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
-            if arrived == LP - 1:
-                tl.store(rs + 3, 0)
-                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, a,
-                             b, need, last, MP, TILE, NB0)
+    need = tl.minimum(k, w0).to(tl.int64)
+    if w0 <= k:
+        # every candidate is taken (pq_emit adds the lowest masked keys up to k)
+        if c == 0:
+            _resolve(bnd_ptr, need_ptr, r, r64, -NO_PICK, -NO_PICK, need - need)
+    elif need <= 0:
+        if c == 0:
+            _resolve(bnd_ptr, need_ptr, r, r64, NO_PICK, NO_PICK, need)
     else:
-        if tl.load(rs + 3) == 0:
-            a = tl.load(rs + 0).to(tl.int32).to(tl.float32, bitcast=True)
-            b = tl.load(rs + 1).to(tl.int32).to(tl.float32, bitcast=True)
-            need = tl.load(rs + 2)
-            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
-            hit = cand & (x >= a) & (x < b)
-            hrow = rhist_ptr + r64 * NB
-            tl.atomic_add(hrow + _vbin(x, a, NB / (b - a), NB), tl.full([TILE], 1, tl.int32), mask=hit,
-                          sem="relaxed")
-            tl.debug_barrier()
-            arrived = tl.atomic_add(rtick_ptr + r, 1, sem="acq_rel", scope="gpu")
-            if arrived == LP - 1:
-                _close_round(rs, hrow, rtick_ptr, bnd_ptr, need_ptr, codes_ptr, lut_row, bg, M, K, cap, w0, r, r64, a,
-                             b, need, last, MP, TILE, NB)
+        tl.static_assert(NB <= LVL_WORDS)  # the CTA's bins
+        if CLUSTER > 1:
+            tl.static_assert(NB + NB // CLUSTER <= LVL_WORDS)  # and its totals
+        base = 0
+        if not INTERPRETED:
+            base = _lvl_smem()
+        a, b = _rank_bounds(lut_row, M, K, MP, KP)
+        lo = a
+        hi = b
+        done = a > b  # false
+        for lv in tl.static_range(ROUNDS):
+            if not done:  # the same in every CTA of the cluster: the same counts
+                cnt = _round_counts(codes_ptr, lut_row, base, bg, M, K, cap, w0, c, lo, hi, MP, TILE, NB, CLUSTER)
+                lo, hi, need, done = _bin_bounds(cnt, lo, hi, need, NB)
+        if CLUSTER > 1:
+            if not INTERPRETED:
+                _cluster_sync()  # no CTA leaves while another may read its counts
+        if c == 0:
+            _resolve(bnd_ptr, need_ptr, r, r64, hi, lo, need)
+    if (c == CLUSTER - 1) & (h % G == 0) & (n > n_old):
+        _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, MP, KP // BLOCK_C, BLOCK_C)
 
 
 # ----------------------------------------------------------------------------------
@@ -408,9 +411,10 @@ def pq_rround_kernel(
 
 DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4, 8)  # code rows per key: M <= MP
-LEVELS = 2  # rounds launched per step (see the module docstring: a row unresolved after them is finished in-CTA)
+#: CTAs per row's cluster on sm_90 (the portable cluster size); sm_80 has no clusters: one CTA a row
+CLUSTER = 8
 RLUT_FIXED = {"BLOCK_C": 64, "BLOCK_DS": 64}
-RROUND_FIXED = {"KP": 256, "NB0": 256, "NB": 4096, "LEVELS": LEVELS, "BLOCK_C": RLUT_FIXED["BLOCK_C"]}
+RSEL_FIXED = {"KP": 256, "NB": 2048, "ROUNDS": 3, "BLOCK_C": RLUT_FIXED["BLOCK_C"]}
 
 
 def _rlut_args(qt):
@@ -423,12 +427,11 @@ def _rlut_args(qt):
     )
 
 
-def _rround_args():
+def _rsel_args():
     return (
         ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("qd_ptr", "fp32"), ptr("qc_ptr", "i32"),
-        ptr("rst_ptr", "i64"), ptr("rhist_ptr", "i32"), ptr("rtick_ptr", "i32"), ptr("bnd_ptr", "fp32"),
-        ptr("need_ptr", "i32"), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"), i32("n_old"),
-        i32("cap", div16=True), i32("heavy"), i32("init_offset"), i32("window"), i32("LP"), i32("ROUND"),
+        ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"),
+        i32("n_old"), i32("cap", div16=True), i32("heavy"), i32("init_offset"), i32("window"),
     )
 
 
@@ -439,6 +442,6 @@ for _qt in DTYPES:
                variants={80: single({}, 8, 1), 90: grid({}, 8, 1, num_warps=(4, 8))}))
 for _mp in MPS:
     KERNELS.append(
-        Kernel(name=f"pq_rround.m{_mp}", fn=pq_rround_kernel, args=_rround_args(), fixed=dict(RROUND_FIXED, MP=_mp),
-               variants={80: single({"TILE": 4096}, 8, 1),
-                         90: grid({"TILE": 4096}, 8, 1, num_warps=(4, 8), TILE=(2048, 4096, 8192))}))
+        Kernel(name=f"pq_rsel.m{_mp}", fn=pq_rsel_kernel, args=_rsel_args(), fixed=dict(RSEL_FIXED, MP=_mp),
+               variants={80: single({"TILE": 4096, "CLUSTER": 1}, 8, 1),
+                         90: grid({"TILE": 2048, "CLUSTER": CLUSTER}, 4, 1, num_warps=(4, 8), TILE=(2048, 4096), CLUSTER=(4, CLUSTER))}))

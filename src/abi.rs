@@ -321,7 +321,7 @@ pub struct LaunchPlan {
     pub block: [u32; 3],
     /// Dynamic shared memory per block, bytes (the variant's `shared`).
     pub shared_bytes: u32,
-    /// Cluster dimensions when `num_ctas > 1`.
+    /// Cluster dimensions ([`Variant::launch_cluster`]).
     pub cluster: Option<[u32; 3]>,
     /// Programmatic dependent launch.
     pub pdl: bool,
@@ -364,11 +364,19 @@ pub fn plan_launch(variant: &Variant, grid: [u32; 3]) -> Result<LaunchPlan> {
         )));
     }
     let programs = grid.iter().map(|&g| g as u64).product::<u64>() * variant.num_ctas as u64;
+    let cluster = variant.launch_cluster();
+    if let (Some(c), 1) = (cluster, variant.num_ctas) {
+        if (0..3).any(|i| !grid[i].is_multiple_of(c[i])) {
+            return Err(refuse(format!(
+                "grid {grid:?} is not a whole number of clusters {c:?} (each dimension a multiple)"
+            )));
+        }
+    }
     Ok(LaunchPlan {
         grid: [x as u32, grid[1], grid[2]],
         block: [32 * variant.num_warps, 1, 1],
         shared_bytes: variant.shared,
-        cluster: (variant.num_ctas > 1).then_some([variant.num_ctas, 1, 1]),
+        cluster,
         pdl: variant.launch_pdl,
         cooperative: variant.launch_cooperative_grid,
         global_scratch_bytes: programs * variant.global_scratch_size as u64,

@@ -211,6 +211,29 @@ fn launch_plan_follows_triton_abi() {
     assert!(e.contains("2^31-1"), "{e}");
 }
 
+/// A one-CTA program that asks for clusters (`cluster_dims`, num_ctas 1) is launched on
+/// its own grid in clusters of those dimensions; a grid that is not a whole number of
+/// clusters is refused naming both.
+#[test]
+fn launch_plan_clusters_one_cta_programs() {
+    let mut v = axpy();
+    v.cluster_dims = [8, 1, 1];
+    let p = plan_launch(&v, [16, 3, 1]).unwrap();
+    assert_eq!(p.grid, [16, 3, 1], "one CTA a program");
+    assert_eq!(p.cluster, Some([8, 1, 1]));
+    assert!(p.needs_ex());
+    let e = plan_launch(&v, [12, 3, 1]).unwrap_err().to_string();
+    assert!(
+        e.contains(&v.id) && e.contains("[12, 3, 1]") && e.contains("[8, 1, 1]"),
+        "{e}"
+    );
+    // Triton's own clusters: num_ctas decides, cluster_dims recorded alike
+    v.num_ctas = 2;
+    v.cluster_dims = [2, 1, 1];
+    let p = plan_launch(&v, [3, 1, 1]).unwrap();
+    assert_eq!((p.grid, p.cluster), ([6, 1, 1], Some([2, 1, 1])));
+}
+
 #[test]
 fn runtime_types_are_send_and_sync() {
     fn check<T: Send + Sync>() {}

@@ -572,6 +572,33 @@ fn gpu_split_path_decode_loop() {
     assert!(report.passed(), "split decode loop: {report}");
 }
 
+/// The radix-select split path ((M, bits) = (2, 8), heavy 10% of S) over a graph-replayed
+/// decode loop: its select kernel runs one cluster of CTAs a row (sm_90), and the
+/// captured cluster node is updated in place as S grows (one capture for the loop); the
+/// last step matches the CPU reference.
+#[test]
+fn gpu_radix_decode_loop_updates_the_graph_in_place() {
+    let Some(rt) = runtime() else { return };
+    let cfg = PqConfig {
+        heavy_size: Size::Ratio(0.1),
+        pq_group_factor: 2,
+        pq_bits: 8,
+        ..base()
+    };
+    let (s0, s1) = (9000, 9012);
+    let shape = sh(1, 8, 2, s1, 128);
+    let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Auto);
+    for (s, info) in (s0..=s1).zip(&infos) {
+        assert!(
+            info.range && info.launches == 3,
+            "S={s}: the radix-select path did not run: {info:?}"
+        );
+    }
+    let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
+    eprintln!("radix decode loop S={s0}..={s1}: [{report}]");
+    assert!(report.passed(), "radix decode loop: {report}");
+}
+
 /// Every select path gives the right answer while another stream keeps the SMs busy, so
 /// the step's CTAs start late, staggered and in another order than on an idle GPU.
 ///

@@ -11,7 +11,6 @@ use tritonrt::pq::matrix::{
 use tritonrt::pq::memory::{state_bytes_for, SelectSizes, StateBytes, SHIPPED_SELECT_CHUNK};
 use tritonrt::pq::plan::{
     plan_step, PlanFacts, SelectPath, StepKind, SHIPPED_EMIT_TILE, SHIPPED_INDEX_TP,
-    SHIPPED_ROUND_TILE,
 };
 use tritonrt::pq::{DType, Metric, PqConfig, Shape, Size, Workload};
 
@@ -339,8 +338,9 @@ fn shipped_sizes_match_the_manifest() {
     for t in constexpr("pq_emit.", "TILE") {
         assert_eq!(t as usize, SHIPPED_EMIT_TILE);
     }
-    for t in constexpr("pq_rround.", "TILE") {
-        assert_eq!(t as usize, SHIPPED_ROUND_TILE);
+    // the radix select runs one cluster of 8 CTAs a row on sm_90 (the portable size)
+    for c in constexpr("pq_rsel.", "CLUSTER") {
+        assert_eq!(c, 8);
     }
     for t in constexpr("pq_index.", "TP") {
         assert_eq!(t as usize, SHIPPED_INDEX_TP);

@@ -1001,17 +1001,14 @@ fn radix(chunked: bool) -> PlanFacts {
         hist: None,
         index: None,
         chunked: chunked.then_some(512),
-        range: Some(RangeFacts {
-            emit_tile: TILE,
-            level_tile: 4096,
-        }),
+        range: Some(RangeFacts { emit_tile: TILE }),
         ..sm90(H100_SMS)
     }
 }
 
 /// The practical configs the combination histogram cannot take ((M, bits) = (2, 8) and
 /// (4, 8), heavy 3020 at S = 32768) run the radix-select split path, whatever the path
-/// asked for but chunked; its grids follow the candidates and the keys.
+/// asked for but chunked; its emit grid follows the keys.
 #[test]
 fn many_combinations_take_the_radix_select() {
     let sh = gqa_shape();
@@ -1025,7 +1022,6 @@ fn many_combinations_take_the_radix_select() {
                 ..PqConfig::reference_workload()
             };
             let n = cfg.n_quantized(s);
-            let w0 = cfg.window_start(s);
             for path in ALL_PATHS {
                 let chunked = heavy <= 512;
                 let r = plan_step(&cfg, &sh, s, n - 1, path, &radix(chunked));
@@ -1042,11 +1038,10 @@ fn many_combinations_take_the_radix_select() {
                     p.kind,
                     StepKind::Range {
                         parts: n.div_ceil(TILE),
-                        level_parts: w0.div_ceil(4096),
                     },
                     "M={m} bits={bits} heavy {heavy} {path:?}"
                 );
-                assert_eq!(p.info().launches, 4, "rlut, 2 rounds, emit");
+                assert_eq!(p.info().launches, 3, "rlut, rsel, emit");
                 assert!(p.info().range && p.info().hist && !p.info().split);
                 // one new key, not a candidate: quantized in pq_rlut's companion CTAs
                 assert!(!p.bulk_quantize);

@@ -250,10 +250,10 @@ fn stale_entries_fall_back_to_the_default() {
 fn kernel_choice_overrides() {
     let c = KernelChoice::new()
         .with_variant(EMIT, "x")
-        .with_variant("pq_rround.m2", "y")
+        .with_variant("pq_rsel.m2", "y")
         .with_variant(EMIT, "z");
     assert_eq!(c.variant_for(EMIT), Some("z"));
-    assert_eq!(c.variant_for("pq_rround.m2"), Some("y"));
+    assert_eq!(c.variant_for("pq_rsel.m2"), Some("y"));
     assert_eq!(c.variant_for("pq_rlut.q_bf16"), None);
     assert_eq!(c.overrides().len(), 2);
     assert!(KernelChoice::manifest_defaults().overrides().is_empty());

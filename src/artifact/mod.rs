@@ -348,6 +348,18 @@ pub fn validate_manifest(m: &Manifest) -> std::result::Result<(), String> {
                 v.num_ctas
             ));
         }
+        let cl = v.cluster_dims;
+        if v.num_ctas > 1 && cl != [v.num_ctas, 1, 1] && cl != [1, 1, 1] {
+            return Err(format!(
+                "variant {id}: cluster_dims {cl:?} with num_ctas {}: expected [{}, 1, 1]",
+                v.num_ctas, v.num_ctas
+            ));
+        }
+        if cl.contains(&0) || cl.iter().product::<u32>() > 16 {
+            return Err(format!(
+                "variant {id}: cluster_dims {cl:?}: each at least 1, at most 16 CTAs in all"
+            ));
+        }
         for (what, align) in [
             ("global_scratch_align", v.global_scratch_align),
             ("profile_scratch_align", v.profile_scratch_align),

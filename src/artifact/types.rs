@@ -50,8 +50,11 @@ pub struct Variant {
     /// CTAs per cluster; > 1 means a cluster launch with `grid.x * num_ctas` blocks.
     #[serde(default = "one")]
     pub num_ctas: u32,
-    /// Cluster dimensions recorded by the build (informational; the launch uses
-    /// `[num_ctas, 1, 1]` as Triton 3.6 does).
+    /// Cluster dimensions. With `num_ctas > 1` they are `[num_ctas, 1, 1]` (Triton 3.6's
+    /// own clusters: one program spans `num_ctas` CTAs). With `num_ctas = 1` and a product
+    /// above 1, every program is one CTA and the launch groups them into clusters of these
+    /// dimensions (a kernel that uses distributed shared memory or cluster barriers
+    /// itself; sm_90+); the program grid must then be a multiple of them.
     #[serde(default = "ones3")]
     pub cluster_dims: [u32; 3],
     /// Dynamic shared memory per CTA, bytes.
@@ -485,6 +488,19 @@ pub fn is_arch_specific_target(target: &str) -> bool {
 }
 
 impl Variant {
+    /// The cluster a launch of this variant groups its CTAs into, if any: `[num_ctas, 1,
+    /// 1]` for Triton's multi-CTA programs, else `cluster_dims` where their product is
+    /// above 1 (see [`Variant::cluster_dims`]).
+    pub fn launch_cluster(&self) -> Option<[u32; 3]> {
+        if self.num_ctas > 1 {
+            Some([self.num_ctas, 1, 1])
+        } else if self.cluster_dims.iter().product::<u32>() > 1 {
+            Some(self.cluster_dims)
+        } else {
+            None
+        }
+    }
+
     /// Whether this variant's code can run on a device of compute capability `cc`
     /// (`(9, 0)`): arch-specific (`sm_90a`) code only on exactly its arch; portable PTX
     /// on any device whose arch is >= the variant's (the driver JITs it forward).

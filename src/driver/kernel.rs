@@ -6,7 +6,8 @@
 //! build), then the `global_scratch` and `profile_scratch` pointers (null when the size
 //! is 0); `gridDim = (grid.x * num_ctas, grid.y, grid.z)`, `blockDim = 32 * num_warps`,
 //! all of `shared` as dynamic shared memory; a cluster of `(num_ctas, 1, 1)` when
-//! `num_ctas > 1`; PDL and cooperative launch as `cuLaunchKernelEx` attributes. A grid
+//! `num_ctas > 1`, or of the variant's `cluster_dims` for one-CTA programs that ask for
+//! one (the grid a whole number of them); PDL and cooperative launch as `cuLaunchKernelEx` attributes. A grid
 //! with a zero dimension launches nothing. A host tensor descriptor argument
 //! ([`KernelArg::TensorDesc`]) is several parameters; its `CUtensorMap` is encoded for each
 //! launch (`cuTensorMapEncodeTiled`) and passed by value.
@@ -155,7 +156,7 @@ impl Kernel {
                 max,
             });
         }
-        if variant.shared > 48 * 1024 {
+        if requested > 48 * 1024 {
             // SAFETY: `func` belongs to `module`, alive here; the value is within the
             // device's opt-in limit (checked above).
             unsafe {
@@ -167,15 +168,15 @@ impl Kernel {
             }
             .map_err(load_err)?;
         }
-        if (variant.num_ctas > 1 || variant.launch_pdl) && device.arch() < 90 {
+        let cluster = variant.launch_cluster();
+        if (cluster.is_some() || variant.launch_pdl) && device.arch() < 90 {
             return Err(refuse(format!(
-                "num_ctas {} / launch_pdl {} need a cluster-capable GPU (sm_90+), this one is sm_{}",
-                variant.num_ctas,
+                "clusters ({cluster:?}) / launch_pdl {} need a cluster-capable GPU (sm_90+), this one is sm_{}",
                 variant.launch_pdl,
                 device.arch()
             )));
         }
-        if variant.num_ctas > 8 {
+        if cluster.is_some_and(|c| c.iter().product::<u32>() > 8) {
             // Clusters above 8 CTAs are "non-portable"; Hopper runs 16 when allowed.
             // SAFETY: as above, `func` is alive.
             unsafe {
@@ -666,11 +667,12 @@ impl Kernel {
     /// these arguments and this grid, until the graph's next replay completes), and
     /// `exec` / `node` must be live handles of one graph, not replaying on another thread.
     ///
-    /// A PDL variant's node keeps the programmatic edge it was captured with (the update
-    /// changes grid and arguments only).
+    /// A PDL variant's node keeps the programmatic edge it was captured with, and a
+    /// cluster variant's node its cluster (the update changes grid and arguments only).
     ///
     /// Errors: argument errors as in [`pack_args`]; [`Error::Launch`] when the variant
-    /// needs scratch, a cluster or a cooperative grid (not supported for updates), when
+    /// needs scratch, `num_ctas > 1` or a cooperative grid (not supported for updates),
+    /// when the grid is not a whole number of clusters, when
     /// the node runs another function, or when the driver refuses the update.
     pub(super) unsafe fn update_graph_node(
         &self,
@@ -690,13 +692,17 @@ impl Kernel {
             .context()
             .bind_to_thread()
             .map_err(|e| refuse(format!("binding the context: {e}")))?;
+        // a node keeps the cluster it was captured with (a launch attribute of the node,
+        // not one of the parameters updated here): clusters of one-CTA programs are kept,
+        // Triton's multi-CTA programs are refused
         if plan.global_scratch_bytes > 0
             || plan.profile_scratch_bytes > 0
-            || plan.cluster.is_some()
+            || self.variant.num_ctas > 1
             || plan.cooperative
         {
             return Err(refuse(
-                "graph node updates support plain and PDL launches only (no scratch, cluster or cooperative grid)"
+                "graph node updates support plain, PDL and one-CTA-program cluster launches only \
+                 (no scratch, num_ctas > 1 or cooperative grid)"
                     .to_string(),
             ));
         }

@@ -34,8 +34,9 @@
 //!   programmatic dependent launch (sm_90; on sm_80 each row CTA writes its own).
 //! - or, for every config the combination histogram does not take (`K^M > 4096` or
 //!   `M > 4`), the radix-select split path: `pq_rlut.q_<qt>` writes the lookup tables,
-//!   two launches of `pq_rround.m<MP>` narrow each row's threshold by histograms over
-//!   the keys' scores, then `pq_emit.m<MP>.w_<wt>` as on the split path
+//!   `pq_rsel.m<MP>` narrows each row's threshold by rounds of histograms over the keys'
+//!   scores (one cluster of CTAs a row on sm_90, their counts combined through
+//!   distributed shared memory), then `pq_emit.m<MP>.w_<wt>` as on the split path
 //!   (`kernels_triton/pq_range.py`).
 //!
 //! The steady-state step allocates nothing, copies nothing between host and device and

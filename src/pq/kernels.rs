@@ -117,24 +117,15 @@ pub(crate) struct RangeKernels {
     pub rlut: Arc<Kernel>,
     /// `pq_rlut`'s `BLOCK_C`: table entries per CTA.
     pub lut_block: usize,
-    /// `pq_rround.m<MP>`: one round of the select, launched [`RANGE_ROUNDS`] times.
-    pub rround: Arc<Kernel>,
-    /// `pq_rround`'s `TILE`: candidates per CTA of a round.
-    pub level_tile: usize,
+    /// `pq_rsel.m<MP>`: the select's rounds, one cluster of CTAs a row.
+    pub rsel: Arc<Kernel>,
+    /// `pq_rsel`'s `CLUSTER`: CTAs per row (the launch's cluster on sm_90; 1 on sm_80).
+    pub rsel_ctas: usize,
     /// `pq_emit.m<MP>.w_<wt>`.
     pub emit: Arc<Kernel>,
     /// The emit variant's `TILE` (positions per CTA).
     pub emit_tile: usize,
 }
-
-/// Rounds of the select a step launches (`LEVELS` in `kernels_triton/pq_range.py`): two
-/// resolve the usual row; the last round's closing CTA finishes a row still open with one
-/// more pass of its own (see that module); a row resolved early leaves the later round's
-/// CTAs nothing to do.
-pub const RANGE_ROUNDS: usize = 2;
-
-/// Bins of one select round (`NB` in `kernels_triton/pq_range.py`).
-pub(crate) const RANGE_BINS: usize = 4096;
 
 /// Whether keys at byte address `addr` with element strides `strides` (`[batch, head,
 /// position]`) and subvectors of `d_s` elements meet `pq_quant.a16`'s declarations: the
@@ -392,30 +383,16 @@ impl Kernels {
             };
             match (
                 ld.load_optional(&format!("pq_rlut.q_{qt}"))?,
-                ld.load_optional(&format!("pq_rround.m{mp}"))?,
+                ld.load_optional(&format!("pq_rsel.m{mp}"))?,
             ) {
-                (Some(rlut), Some(rround)) => {
-                    // the host launches RANGE_ROUNDS rounds: a kernel built for another
-                    // count would leave rows unresolved (or finish them twice)
-                    let levels = constexpr_usize(&rround, "LEVELS")?;
-                    if levels != RANGE_ROUNDS {
-                        return Err(Error::invalid(
-                            "kernel cache",
-                            format!(
-                                "{} was built for {levels} launched rounds, this runtime \
-                                 launches {RANGE_ROUNDS}: rebuild the ptx_cache with this \
-                                 version's kernels_triton/build.py",
-                                rround.variant().id
-                            ),
-                        ));
-                    }
+                (Some(rlut), Some(rsel)) => {
                     let emit = ld.load(&format!("pq_emit.m{mp}.w_{wt}"))?;
                     Some(RangeKernels {
                         lut_block: constexpr_usize(&rlut, "BLOCK_C")?,
-                        level_tile: constexpr_usize(&rround, "TILE")?,
+                        rsel_ctas: constexpr_usize(&rsel, "CLUSTER")?,
                         emit_tile: constexpr_usize(&emit, "TILE")?,
                         rlut,
-                        rround,
+                        rsel,
                         emit,
                     })
                 }
@@ -541,7 +518,6 @@ impl Kernels {
             chunked: self.select.as_ref().map(|sk| sk.k_pad),
             range: self.range.as_ref().map(|rk| RangeFacts {
                 emit_tile: rk.emit_tile,
-                level_tile: rk.level_tile,
             }),
         }
     }
@@ -575,7 +551,7 @@ impl Kernels {
             v.push(ik.index.clone());
         }
         if let Some(rk) = &self.range {
-            v.extend([rk.rlut.clone(), rk.rround.clone(), rk.emit.clone()]);
+            v.extend([rk.rlut.clone(), rk.rsel.clone(), rk.emit.clone()]);
         }
         if let Some(rg) = &self.ragged {
             v.extend([
@@ -592,8 +568,7 @@ impl Kernels {
         v
     }
 
-    /// The kernels a step of `plan` launches, in launch order, each once (`pq_rround`'s
-    /// rounds are one kernel); `pq_quant` as [`Kernels::quant_for`] picks it for keys at
+    /// The kernels a step of `plan` launches, in launch order, each once; `pq_quant` as [`Kernels::quant_for`] picks it for keys at
     /// `key_addr` with element strides `key_strides` and subvectors of `d_s` elements.
     /// A kernel the plan needs but this config did not load is left out (the step itself
     /// refuses it).
@@ -604,7 +579,7 @@ impl Kernels {
         key_strides: [i64; 3],
         d_s: usize,
     ) -> Vec<&Arc<Kernel>> {
-        let mut v: Vec<&Arc<Kernel>> = Vec::with_capacity(RANGE_ROUNDS + 3);
+        let mut v: Vec<&Arc<Kernel>> = Vec::with_capacity(4);
         if plan.bulk_quantize {
             v.push(&self.quant_for(key_addr, key_strides, d_s).kernel);
         }
@@ -619,7 +594,7 @@ impl Kernels {
             }
             StepKind::Range { .. } => {
                 if let Some(rk) = &self.range {
-                    v.extend([&rk.rlut, &rk.rround, &rk.emit]);
+                    v.extend([&rk.rlut, &rk.rsel, &rk.emit]);
                 }
             }
             StepKind::IndexWfill => {

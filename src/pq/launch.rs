@@ -12,7 +12,7 @@ use crate::driver::Kernel;
 use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, Metric};
-use crate::pq::kernels::{constexpr_usize, Kernels, RANGE_ROUNDS};
+use crate::pq::kernels::{constexpr_usize, Kernels};
 use crate::pq::plan::{StepKind, StepPlan};
 use crate::pq::state::DeviceState;
 
@@ -238,9 +238,7 @@ impl StepLaunches<'_> {
                 }])
             }
             StepKind::Chunked => self.chunked(query, key, s, n_old, n),
-            StepKind::Range { parts, level_parts } => {
-                self.range(query, key, s, n_old, parts, level_parts)
-            }
+            StepKind::Range { parts } => self.range(query, key, s, n_old, parts),
             StepKind::IndexWfill | StepKind::IndexRowFill | StepKind::IndexCompanion => {
                 self.index_launches(plan, query, key, s, n_old, None)
             }
@@ -302,8 +300,7 @@ impl StepLaunches<'_> {
         }
     }
 
-    /// The radix-select split path's launches: `pq_rlut`, [`RANGE_ROUNDS`] x
-    /// `pq_rround`, `pq_emit`.
+    /// The radix-select split path's launches: `pq_rlut`, `pq_rsel`, `pq_emit`.
     fn range(
         &self,
         query: &DeviceTensorRef,
@@ -311,7 +308,6 @@ impl StepLaunches<'_> {
         s: usize,
         n_old: usize,
         parts: usize,
-        level_parts: usize,
     ) -> Result<Vec<Launch>> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
         let rows = state.rows();
@@ -326,61 +322,49 @@ impl StepLaunches<'_> {
             // it never reads cls_ptr: any live u8 buffer serves
             ("cls_ptr", KernelArg::Buf(state.codes.buf())),
             ("by_class", KernelArg::I32(0)),
-            ("rst_ptr", KernelArg::Buf(state.rst.buf())),
             ("qd_ptr", KernelArg::Buf(state.rqd.buf())),
             ("qc_ptr", KernelArg::Buf(state.rqc.buf())),
-            ("rhist_ptr", KernelArg::Buf(state.rhist.buf())),
-            ("rtick_ptr", KernelArg::Buf(state.rtick.buf())),
             ("NP", i32_arg("parts per row", parts)?),
-            ("LP", i32_arg("round parts per row", level_parts)?),
         ]);
-        // Bounds: new() sized hist_lut (rows x M x K: pq_rlut writes it, pq_rround and
-        // pq_emit read it), bnd (rows x 2), need (rows), the ticket counter (1), the select
-        // state (rows x 4), the round histograms (rows x RANGE_BINS: bins clamped to 0 ..
-        // NB - 1, NB <= RANGE_BINS), the arrival counters (rows) and the new key's partial
-        // argmins (B*H_kv x M x cdiv(K, BLOCK_C), each); ensure_buffers sized the emit's
-        // part flags for rows x cdiv(n, TILE) = rows x parts, the codes (cap >= n keys;
-        // rounds read codes j < w0 <= n_old, the last round writes code n_old < n when the
+        // Bounds: new() sized hist_lut (rows x M x K: pq_rlut writes it, pq_rsel and
+        // pq_emit read it), bnd (rows x 2), need (rows), the ticket counter (1) and the new
+        // key's partial argmins (B*H_kv x M x cdiv(K, BLOCK_C), each); ensure_buffers sized
+        // the emit's part flags for rows x cdiv(n, TILE) = rows x parts, the codes (cap >=
+        // n keys; pq_rsel reads codes j < w0 <= n_old and writes code n_old < n when the
         // step has its one new key: plan_step runs pq_quant first for more) and the
         // outputs. Grids: pq_rlut (rows, M, cdiv(K, BLOCK_C)): CTA (r, m, i) writes lut[r,
         // m, i*BLOCK_C ..] (masked to c < K) and, for a KV group's first head, partial
-        // argmin i of subvector m; pq_rround (level_parts, rows), each row's round closed by
-        // the CTA whose arrival ticket is level_parts - 1; pq_emit exactly rows x parts
-        // CTAs, each taking one ticket < rows x parts.
+        // argmin i of subvector m; pq_rsel (CLUSTER, rows): row r's cluster of CLUSTER
+        // CTAs, each writing nothing but row r's bounds (CTA 0) and its KV group's new code
+        // (the last CTA of the group's first head); pq_emit exactly rows x parts CTAs,
+        // each taking one ticket < rows x parts.
         let rows_parts = u32::try_from(rows * parts)
             .map_err(|_| Error::invalid("emit grid", format!("{rows} rows x {parts} parts")))?;
-        let lp = u32::try_from(level_parts).map_err(|_| {
-            Error::invalid("radix round grid", format!("{level_parts} parts per row"))
-        })?;
         if rows > 65535 {
             return Err(Error::invalid(
-                "radix round grid",
+                "radix select grid",
                 format!("{rows} rows (B*H) exceed the grid's 65535 rows"),
             ));
         }
         let m = u32::try_from(state.cfg.m()).map_err(|_| Error::invalid("M", "beyond u32"))?;
         let lut_ctas = state.cfg.k_centroids().div_ceil(rk.lut_block) as u32;
-        let mut launches = Vec::with_capacity(RANGE_ROUNDS + 2);
-        launches.push(Launch {
-            kernel: rk.rlut.clone(),
-            grid: [rows as u32, m, lut_ctas],
-            args: order.args(&rk.rlut, &named, true)?,
-        });
-        for round in 0..RANGE_ROUNDS {
-            named.push(("ROUND", KernelArg::I32(round as i32)));
-            launches.push(Launch {
-                kernel: rk.rround.clone(),
-                grid: [lp, rows as u32, 1],
-                args: order.args(&rk.rround, &named, true)?,
-            });
-            named.pop();
-        }
-        launches.push(Launch {
-            kernel: rk.emit.clone(),
-            grid: [rows_parts, 1, 1],
-            args: order.args(&rk.emit, &named, true)?,
-        });
-        Ok(launches)
+        Ok(vec![
+            Launch {
+                kernel: rk.rlut.clone(),
+                grid: [rows as u32, m, lut_ctas],
+                args: order.args(&rk.rlut, &named, true)?,
+            },
+            Launch {
+                kernel: rk.rsel.clone(),
+                grid: [rk.rsel_ctas as u32, rows as u32, 1],
+                args: order.args(&rk.rsel, &named, true)?,
+            },
+            Launch {
+                kernel: rk.emit.clone(),
+                grid: [rows_parts, 1, 1],
+                args: order.args(&rk.emit, &named, true)?,
+            },
+        ])
     }
 
     /// The indexed path's launches (`pq_wfill` where the plan writes the weights with it,

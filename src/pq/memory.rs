@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use crate::pq::config::{PqConfig, Shape};
-use crate::pq::kernels::{HIST_COMBOS, K_PADS, RANGE_BINS};
+use crate::pq::kernels::{HIST_COMBOS, K_PADS};
 use crate::pq::plan::{bucket_capacity, code_capacity, takes_index, PlanFacts, SelectPath};
 
 /// `pq_select`'s `CHUNK` in the shipped kernel set's sm_90 defaults
@@ -161,9 +161,6 @@ pub fn state_bytes_for(
             + n_of(rows * 2, 4)
             + n_of(rows, 4)
             + 4
-            + n_of(rows * 4, 8)
-            + n_of(rows * RANGE_BINS, 4)
-            + n_of(rows, 4)
             + 2 * n_of(shape.b * shape.h_kv * m * k.div_ceil(64), 4);
     }
     b.outputs += n_of(rows * cfg.total(s), 8) + n_of(rows * s * cfg.weight_dtype.size_bytes(), 1);

@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::pq::config::{PqConfig, Shape};
-use crate::pq::kernels::{HIST_COMBOS, K_PADS, RANGE_ROUNDS};
+use crate::pq::kernels::{HIST_COMBOS, K_PADS};
 
 /// More new keys than this in one step are quantized by the bulk quantize kernel
 /// (`pq_quant`, tiles of keys x centroids on the tensor cores over every SM) launched
@@ -183,14 +183,12 @@ pub struct IndexFacts {
     pub bucket_budget: usize,
 }
 
-/// The radix-select split path's kernels built for a config (`pq_rlut`, `pq_rround`,
+/// The radix-select split path's kernels built for a config (`pq_rlut`, `pq_rsel`,
 /// `pq_emit`: `K^M > 4096` or `M > 4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RangeFacts {
     /// `pq_emit`'s `TILE`: quantized keys per emit CTA (> 0).
     pub emit_tile: usize,
-    /// `pq_rround`'s `TILE`: candidates per CTA of a radix round (> 0).
-    pub level_tile: usize,
 }
 
 /// What [`plan_step`] needs to know of the GPU and of the kernels built for the config
@@ -231,16 +229,12 @@ pub fn hist_built_for(cfg: &PqConfig) -> bool {
     combos.is_some_and(|c| c <= HIST_COMBOS) && cfg.m() <= 4
 }
 
-/// Whether the radix-select split path (`pq_rlut`, `pq_rround`, `pq_emit`) is built for
+/// Whether the radix-select split path (`pq_rlut`, `pq_rsel`, `pq_emit`) is built for
 /// `cfg`: wherever the histogram family is not ([`hist_built_for`]: `K^M > 4096` or
 /// `M > 4`), so one of the two serves every config.
 pub fn range_built_for(cfg: &PqConfig) -> bool {
     !hist_built_for(cfg)
 }
-
-/// `pq_rround`'s `TILE` in the shipped kernel set's sm_90 defaults (checked as
-/// [`SHIPPED_EMIT_TILE`]).
-pub const SHIPPED_ROUND_TILE: usize = 4096;
 
 /// Whether the indexed path (`pq_index`) is built for `cfg` (kernels_triton/pq_index.py):
 /// the histogram family is ([`hist_built_for`]), `M <= 2` and the query dtype is the
@@ -275,7 +269,6 @@ impl PlanFacts {
             chunked: K_PADS.iter().copied().find(|&p| p >= heavy),
             range: range_built_for(cfg).then_some(RangeFacts {
                 emit_tile: SHIPPED_EMIT_TILE,
-                level_tile: SHIPPED_ROUND_TILE,
             }),
         }
     }
@@ -297,14 +290,12 @@ pub enum StepKind {
         /// Emit CTAs per row: `cdiv(n, TILE)`.
         parts: usize,
     },
-    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64))`), `RANGE_ROUNDS` launches of `pq_rround`
-    /// (grid `(level_parts, B*H)`), then `pq_emit` (grid `B*H x parts`): the split path with its
+    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64))`), `pq_rsel` (grid `(CLUSTER, B*H)`: one
+    /// cluster of CTAs a row), then `pq_emit` (grid `B*H x parts`): the split path with its
     /// threshold found by a radix select over the keys' scores (any `K^M`).
     Range {
         /// Emit CTAs per row: `cdiv(n, TILE)`.
         parts: usize,
-        /// CTAs per row of a radix round: `cdiv(w0, level TILE)`, at least 1.
-        level_parts: usize,
     },
     /// `pq_wfill` (one CTA per SM) then `pq_index` (grid `(B*H, 2)`) as its programmatic
     /// dependent launch.
@@ -327,7 +318,7 @@ impl StepKind {
             | StepKind::IndexRowFill
             | StepKind::IndexCompanion => 1,
             StepKind::Split { .. } | StepKind::IndexWfill => 2,
-            StepKind::Range { .. } => RANGE_ROUNDS + 2,
+            StepKind::Range { .. } => 3,
         }
     }
 
@@ -533,7 +524,6 @@ fn hist_kind(
 ) -> Option<StepKind> {
     let rows = shape.b * shape.h;
     let n = cfg.n_quantized(s);
-    let w0 = cfg.window_start(s);
     let Some(hist) = facts.hist else {
         // more combinations than the combination histogram takes, or M > 4: the radix
         // select, whatever the heavy size (measured against pq_select: NOTES.md, "every
@@ -542,7 +532,6 @@ fn hist_kind(
         let rf = facts.range?;
         return (path != SelectPath::Chunked).then(|| StepKind::Range {
             parts: n.div_ceil(rf.emit_tile),
-            level_parts: w0.div_ceil(rf.level_tile).max(1),
         });
     };
     // more heavy picks than half of what pq_index gathers (its TP): its cuts rarely
@@ -637,8 +626,7 @@ pub struct StepInfo {
     pub hist: bool,
     /// Whether it ran split: `pq_thresh` + `pq_emit`.
     pub split: bool,
-    /// Whether it ran the radix-select split path: `pq_rlut`, `pq_rround` rounds,
-    /// `pq_emit`.
+    /// Whether it ran the radix-select split path: `pq_rlut`, `pq_rsel`, `pq_emit`.
     pub range: bool,
     /// Whether it ran indexed: `pq_index` (after `pq_wfill`, or alone).
     pub index: bool,

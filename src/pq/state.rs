@@ -9,7 +9,7 @@ use crate::abi::KernelArg;
 use crate::driver::{DevBuf, DeviceBuf};
 use crate::error::{Error, Result};
 use crate::pq::config::{DType, Metric, PqConfig, Shape};
-use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS, RANGE_BINS};
+use crate::pq::kernels::{constexpr_usize, Kernels, HIST_COMBOS};
 use crate::pq::launch::{i32_arg, ArgOrder};
 use crate::pq::memory::StateBytes;
 use crate::pq::plan::{bucket_capacity, code_capacity};
@@ -76,15 +76,10 @@ pub(crate) struct DeviceState {
     pub split_flag: DevBuf<i64>,
     pub split_ctr: DevBuf<i32>,
     pub split_cls: DevBuf<u8>,
-    /// Radix-select split path state (`kernels_triton/pq_range.py`): each row's select
-    /// state `i64 [B*H, 4]` (written by the rounds each step), the round's histogram `i32
-    /// [B*H, RANGE_BINS]` and arrival counters `i32 [B*H]` (both kept zero by the
-    /// kernels, zero-filled at creation), the new key's partial argmins `f32` / `i32
-    /// [B*H_kv, M, cdiv(K, 64)]`. The threshold goes to `split_bnd` / `split_need`, the
-    /// lookup table to `hist_lut`, as on the split path.
-    pub rst: DevBuf<i64>,
-    pub rhist: DevBuf<i32>,
-    pub rtick: DevBuf<i32>,
+    /// Radix-select split path state (`kernels_triton/pq_range.py`): the new key's
+    /// partial argmins `f32` / `i32 [B*H_kv, M, cdiv(K, 64)]`. The select's rounds keep
+    /// their counts in each row's cluster's shared memory; the threshold goes to
+    /// `split_bnd` / `split_need`, the lookup table to `hist_lut`, as on the split path.
     pub rqd: DevBuf<f32>,
     pub rqc: DevBuf<i32>,
     /// Indexed path state: its own combination counts `i32 [B*H, HIST_COMBOS]` of the
@@ -160,9 +155,6 @@ impl DeviceState {
             split_flag: DevBuf::new(),
             split_ctr: DevBuf::new(),
             split_cls: DevBuf::new(),
-            rst: DevBuf::new(),
-            rhist: DevBuf::new(),
-            rtick: DevBuf::new(),
             rqd: DevBuf::new(),
             rqc: DevBuf::new(),
             ihist: DevBuf::new(),
@@ -201,10 +193,6 @@ impl DeviceState {
             me.split_bnd.ensure(&st, rows * 2)?;
             me.split_need.ensure(&st, rows)?;
             me.split_ctr.ensure(&st, 1)?;
-            me.rst.ensure(&st, rows * 4)?;
-            // zero-filled: empty histograms, no CTA arrived
-            me.rhist.ensure(&st, rows * RANGE_BINS)?;
-            me.rtick.ensure(&st, rows)?;
             let parts = shape.b * shape.h_kv * m * k.div_ceil(64);
             me.rqd.ensure(&st, parts)?;
             me.rqc.ensure(&st, parts)?;
@@ -531,9 +519,6 @@ impl DeviceState {
                 + b(&self.split_flag)
                 + b(&self.split_ctr)
                 + b(&self.split_cls)
-                + b(&self.rst)
-                + b(&self.rhist)
-                + b(&self.rtick)
                 + b(&self.rqd)
                 + b(&self.rqc),
             index: b(&self.ihist) + b(&self.ihistn) + b(&self.mark) + b(&self.ready),
@@ -562,9 +547,6 @@ impl DeviceState {
             self.split_flag.ptr(),
             self.split_ctr.ptr(),
             self.split_cls.ptr(),
-            self.rst.ptr(),
-            self.rhist.ptr(),
-            self.rtick.ptr(),
             self.rqd.ptr(),
             self.rqc.ptr(),
             self.ihist.ptr(),

@@ -36,7 +36,7 @@
 //!   `[B, H_kv, M, cap]` through a per-head lookup table; scores `[B*H, n]`; grid
 //!   `(cdiv(n, BLOCK), B*H)`. Compared like v6.
 //! - the decode step's kernels (every kernel a step of the workload launches: for the
-//!   practical workloads `pq_emit` with `pq_thresh` or with `pq_rlut` and `pq_rround`, for
+//!   practical workloads `pq_emit` with `pq_thresh` or with `pq_rlut` and `pq_rsel`, for
 //!   the reference workload `pq_index` (and `pq_wfill`), `pq_quant` for steps with several
 //!   new keys, `pq_select` or `pq_hist` where the step takes them), tuned through
 //!   [`crate::pq::gpu::GpuIndexer`]: each candidate's indexer runs that variant
@@ -92,7 +92,7 @@ pub const STEP_PREFIXES: [&str; 10] = [
     "pq_index.",
     "pq_wfill.",
     "pq_rlut.",
-    "pq_rround.",
+    "pq_rsel.",
     "pq_quant.",
     "pq_short.",
 ];

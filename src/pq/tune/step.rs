@@ -1,4 +1,4 @@
-//! The decode step's kernels as tuning targets (`pq_emit`, `pq_rround`, `pq_index`,
+//! The decode step's kernels as tuning targets (`pq_emit`, `pq_rsel`, `pq_index`,
 //! `pq_quant`, `pq_select`, ...), each timed through the indexer: one whole decode step
 //! with the kernel under test at the candidate variant and every other kernel at its
 //! current choice.
@@ -428,7 +428,7 @@ mod tests {
         for k in [
             "pq_select.h256.q_fp16.w_fp32",
             "pq_emit.m2.w_bf16",
-            "pq_rround.m4",
+            "pq_rsel.m4",
             "pq_quant.a16.k_bf16",
             "pq_index.m2.q_fp32.w_fp32",
             "pq_wfill.w_fp32",
