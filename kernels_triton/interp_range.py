@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
-"""CPU check of the radix-select threshold (``pq_range.py``: ``pq_rlut_kernel``, then
-``pq_rsel_kernel``, then ``pq_emit_kernel``) under Triton's interpreter (no GPU, no
-torch).
+"""CPU check of the radix-select threshold (``pq_range.py``: ``pq_rsel_kernel``, then
+``pq_emit_kernel``) under Triton's interpreter (no GPU, no torch).
 
     TRITON_INTERPRET=1 python3 kernels_triton/interp_range.py [--case NAME] [--seed N]
 
@@ -29,14 +28,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from interp_check import Arr, case_args, check, make_state, poison_nonfinite, poisoned_outputs, reversed_grid  # noqa: E402,E501
-from pq_range import RLUT_FIXED, RSEL_FIXED, pq_rlut_kernel, pq_rsel_kernel  # noqa: E402
+from pq_range import RSEL_FIXED, pq_rsel_kernel  # noqa: E402
 from pq_split import EMIT_FIXED, pq_emit_kernel  # noqa: E402
 
 
 
 def run_range(st, S, n_old, cfg, tile, rtile, mp, cluster, reverse=False):
-    """pq_rlut, pq_rsel (TILE = ``rtile``, ``cluster`` CTAs a row), pq_emit (TILE =
-    ``tile``) for the state ``st`` at S; returns (sparse_list, sparse_len, weight_list)."""
+    """pq_rsel (TILE = ``rtile``, ``cluster`` CTAs a row), pq_emit (TILE = ``tile``) for the
+    state ``st`` at S; returns (sparse_list, sparse_len, weight_list)."""
     B, H, H_kv, D, M, bits = st["B"], st["H"], st["H_kv"], st["D"], st["M"], st["bits"]
     K = 1 << bits
     rows = B * H
@@ -46,9 +45,9 @@ def run_range(st, S, n_old, cfg, tile, rtile, mp, cluster, reverse=False):
     sl, ln, w = poisoned_outputs(rows, S, cfg)
     bnd = Arr(np.full((rows, 2), np.nan, np.float32))
     need = Arr(np.full(rows, -7, np.int32))
-    flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_rlut zeroes them
+    flag = Arr(np.full((rows, NP), -1, np.int64))  # poisoned: pq_rsel zeroes them
     ctr = Arr(np.full(1, 12345, np.int32))
-    nch = -(-K // RLUT_FIXED["BLOCK_C"])
+    nch = -(-K // RSEL_FIXED["BLOCK_C"])
     qd = Arr(np.full((B * H_kv, M, nch), np.nan, np.float32))
     qc = Arr(np.full((B * H_kv, M, nch), -1, np.int32))
     q, key, cent = st["q"], st["key"], st["cent"]
@@ -56,14 +55,13 @@ def run_range(st, S, n_old, cfg, tile, rtile, mp, cluster, reverse=False):
     G = H // H_kv
     ctx = reversed_grid if reverse else _nothing
     with ctx():
-        pq_rlut_kernel[(rows, M, nch)](
-            q, key, cent, st["phi"], qd, qc, st["lut"], flag, ctr, H * D, D, H_kv * Sk * D, Sk * D, D,
-            H, G, M, K, D // M, S, n_old, io, st["metric_ip"], NP, **RLUT_FIXED, num_warps=4)
-        assert not flag.a.any() and ctr.a[0] == 0, "pq_rlut left the emit's flags or counter non-zero"
+        st["lut"].a[...] = np.nan  # poisoned: pq_rsel writes every row's table
         pq_rsel_kernel[(cluster, rows)](
-            st["codes"], st["lut"], qd, qc, bnd, need, H, G, M, K, S, n_old, st["cap"], cfg["heavy"], io,
-            cfg["window"], MP=mp, TILE=rtile, CLUSTER=cluster, **RSEL_FIXED, num_warps=4)
+            q, key, cent, st["phi"], st["codes"], st["lut"], qd, qc, bnd, need, flag, ctr, H * D, D,
+            H_kv * Sk * D, Sk * D, D, H, G, M, K, D // M, S, n_old, st["cap"], cfg["heavy"], io, cfg["window"],
+            st["metric_ip"], NP, MP=mp, TILE=rtile, CLUSTER=cluster, **RSEL_FIXED, num_warps=4)
         assert not np.isnan(bnd.a).any() and (need.a >= 0).all(), "pq_rsel left a row without bounds"
+        assert not flag.a.any() and ctr.a[0] == 0, "pq_rsel left the emit's flags or counter non-zero"
         pq_emit_kernel[(rows * NP, )](
             # cls_ptr: the codes, never read (by_class = 0: the radix path scores its keys)
             st["codes"], st["lut"], bnd, need, flag, ctr, sl, ln, w, st["codes"], H, G, M, K, S, st["cap"],

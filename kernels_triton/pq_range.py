@@ -27,19 +27,18 @@ a range by 2^22, which resolves every row whose scores span less than about ``20
 |x|)`` (the usual case), and ranks span at most 2^17, so the third always resolves
 (2^-16, under ``5e-5``).
 
-``pq_rlut_kernel``, grid ``(B*H, M, cdiv(K, BLOCK_C))``: CTA ``(r, m, i)`` writes entries
-``i*BLOCK_C ..`` of row ``m`` of head ``r``'s lookup table ``lut f32 [B*H, M, K]`` (one
-tile of centroids each: the table's latency chain spread over many CTAs). Where ``h`` is
-the first head of its KV group and the step has a new key (at most one: the host runs
-``pq_quant`` first for more), the same CTA also finds that key's nearest centroid of its
-block (``_block_nearest``, one block of ``_nearest``'s loop) into ``qd f32 / qc i32
-[B*H_kv, M, cdiv(K, BLOCK_C)]``; ``pq_rsel`` combines the blocks into the code as
-``_nearest`` does (``_store_code``). CTA ``(r, 0, 0)`` also zeroes the emit's part flags
-``flag i64 [B*H, NP]`` and (row 0) its ticket counter ``ctr i32 [1]``.
-
 ``pq_rsel_kernel``, grid ``(CLUSTER, B*H)``, launched in clusters of ``CLUSTER`` CTAs (8 on
-sm_90; sm_80 has no clusters and runs one CTA a row): row ``r``'s cluster runs every
-round of its select in one launch. A round: CTA ``c`` scores candidate tiles ``c, c +
+sm_90; sm_80 has no clusters and runs one CTA a row): row ``r``'s cluster writes the
+row's lookup table and runs every round of its select in one launch. The table first:
+CTA ``c`` writes tiles ``c, c + CLUSTER, ..`` of the row's ``M x cdiv(K, BLOCK_C)``
+(subvector, centroid block) tiles of ``lut f32 [B*H, M, K]`` (``_table_tile``) and,
+where ``h`` is the first head of its KV group and the step has a new key (at most one:
+the host runs ``pq_quant`` first for more), that key's nearest centroid of the block
+(``_block_nearest``, one block of ``_nearest``'s loop) into ``qd f32 / qc i32 [B*H_kv,
+M, cdiv(K, BLOCK_C)]``; CTA 0 zeroes the emit's part flags ``flag i64 [B*H, NP]`` and
+(row 0) its ticket counter ``ctr i32 [1]``; a cluster barrier (release / acquire) makes
+the table every CTA's. The last CTA combines the new key's blocks into its code as
+``_nearest`` does (``_store_code``). A round: CTA ``c`` scores candidate tiles ``c, c +
 CLUSTER, ..`` of ``TILE`` keys and counts those in the range into its own ``NB`` bins of
 shared memory (shared atomics); after a cluster barrier CTA ``c`` sums its ``NB /
 CLUSTER`` bins' counts over every CTA of the cluster (distributed shared memory) and,
@@ -53,7 +52,8 @@ is taken). Correct under any schedule: a cluster's CTAs run together (the hardwa
 places them at once), and no CTA waits on another cluster. This replaced launches of a
 round kernel each (the row's CTAs adding to global counts and the last to arrive closing
 the round), which cost ~11 us a round at (2, 8) heavy 3020 (NOTES.md, "the radix
-select in one cluster a row").
+select in one cluster a row"), and a table launch before it (``pq_rlut``, one CTA per
+(row, subvector, centroid block)).
 
 Launch contract: README.md in this directory. A row whose candidates are at most ``k``
 (``w0 <= k``) takes them all: it is resolved at once (``t_sure`` below every rank, ``need
@@ -234,28 +234,19 @@ def _cluster_read(addr, rank):
 
 
 @triton.jit
-def pq_rlut_kernel(
-    q_ptr, k_ptr, cent_ptr, phi_ptr, qd_ptr, qc_ptr, lut_ptr, flag_ptr, ctr_ptr,  #
-    q_sb, q_sh, k_sb, k_sh, k_ss,  #
-    H, G, M, K, d_s, S, n_old, init_offset, metric_ip, NP,  #
-    BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
-):
-    """See the module docstring and README.md (launch contract)."""
-    r = tl.program_id(0)
-    m = tl.program_id(1)
-    i = tl.program_id(2)
-    r64, b, h, g, bg = _row_ids(r, H, G)
+def _table_tile(q_ptr, k_ptr, cent_ptr, phi_ptr, qd_ptr, qc_ptr, lut_ptr, q_sb, q_sh, k_sb, k_sh, k_ss, M, K, d_s,
+                S, n_old, init_offset, metric_ip, r64, b, h, g, bg, G, t, BLOCK_C: tl.constexpr,
+                BLOCK_DS: tl.constexpr):
+    """Tile ``t`` of row ``r``'s lookup table (subvector ``m = t // cdiv(K, BLOCK_C)``,
+    centroids ``i * BLOCK_C ..`` with ``i = t % cdiv(K, BLOCK_C)``): writes those entries of
+    ``lut f32 [B*H, M, K]``, and where ``h`` is its KV group's first head and the step has
+    its new key, the key's nearest centroid of the block (``_block_nearest``: one block of
+    ``_nearest``'s loop) into ``qd f32 / qc i32 [B*H_kv, M, cdiv(K, BLOCK_C)]``."""
+    nch = tl.cdiv(K, BLOCK_C)
+    m = t // nch
+    i = t % nch
     d_c = d_s + metric_ip
     cbase = ((bg * M + m) * K) * d_c
-    nch = tl.cdiv(K, BLOCK_C)
-    if (m == 0) & (i == 0):
-        # the emit's part flags of this row (and its ticket counter) start at zero
-        for q0 in range(0, NP, 1024):
-            qq = q0 + tl.arange(0, 1024)
-            tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
-        if r == 0:
-            tl.store(ctr_ptr, 0)
-    # table entries c = i*BLOCK_C .. of subvector m
     qrow = b.to(tl.int64) * q_sb + h.to(tl.int64) * q_sh + m * d_s
     offs_c = i * BLOCK_C + tl.arange(0, BLOCK_C)
     acc = tl.zeros([BLOCK_C], tl.float32)
@@ -263,8 +254,6 @@ def pq_rlut_kernel(
         qv, cv = _lut_tile(q_ptr, qrow, cent_ptr, cbase, offs_c, d0 + tl.arange(0, BLOCK_DS), d_s, d_c, K, True)
         acc += _row_dots(cv, qv)
     tl.store(lut_ptr + (r64 * M + m) * K + offs_c, acc, mask=offs_c < K)
-    # the step's new key (at most one here), centroids of this block, once per KV group:
-    # a partial argmin, combined by the last round
     if (h % G == 0) & (S - init_offset > n_old):
         krow = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + (init_offset + n_old) * k_ss + m * d_s
         phi = tl.load(phi_ptr + (bg * M + m) * metric_ip)  # euclidean: phi_ptr[0], unused
@@ -277,7 +266,7 @@ def pq_rlut_kernel(
 @triton.jit
 def _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, MP: tl.constexpr, NCH: tl.constexpr,
                 BLOCK_C: tl.constexpr):
-    """The new key's codes from ``pq_rlut``'s partial argmins: per subvector, the first
+    """The new key's codes from ``_table_tile``'s partial argmins: per subvector, the first
     block with the strictly least distance from ``(+inf, 0)``, as ``_nearest`` (a NaN
     distance never taken; code 0 where none is finite). All ``M x cdiv(K, BLOCK_C) <= MP x
     NCH`` partials are loaded at once."""
@@ -363,10 +352,11 @@ def _round_counts(codes_ptr, lut_row, base, bg, M, K, cap, w0, c, a, b, MP: tl.c
 
 @triton.jit
 def pq_rsel_kernel(
-    codes_ptr, lut_ptr, qd_ptr, qc_ptr, bnd_ptr, need_ptr,  #
-    H, G, M, K, S, n_old, cap, heavy, init_offset, window,  #
+    q_ptr, k_ptr, cent_ptr, phi_ptr, codes_ptr, lut_ptr, qd_ptr, qc_ptr, bnd_ptr, need_ptr, flag_ptr, ctr_ptr,  #
+    q_sb, q_sh, k_sb, k_sh, k_ss,  #
+    H, G, M, K, d_s, S, n_old, cap, heavy, init_offset, window, metric_ip, NP,  #
     MP: tl.constexpr, KP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr, ROUNDS: tl.constexpr,
-    CLUSTER: tl.constexpr, BLOCK_C: tl.constexpr,
+    CLUSTER: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DS: tl.constexpr,
 ):
     """See the module docstring and README.md (launch contract)."""
     c = tl.program_id(0)  # the CTA's rank in its row's cluster
@@ -375,6 +365,28 @@ def pq_rsel_kernel(
     lut_row = lut_ptr + r64 * M * K
     n, w0, k, _ = _row_sizes(S, init_offset, window, heavy, 0, 0)
     need = tl.minimum(k, w0).to(tl.int64)
+    # the row's lookup table: CTA c takes tiles c, c + CLUSTER, .. (under the interpreter,
+    # which runs the CTAs one after another, each CTA writes every tile: the same values)
+    t0 = c
+    dt = CLUSTER
+    if INTERPRETED:
+        t0 = 0
+        dt = 1
+    for t in range(t0, M * tl.cdiv(K, BLOCK_C), dt):
+        _table_tile(q_ptr, k_ptr, cent_ptr, phi_ptr, qd_ptr, qc_ptr, lut_ptr, q_sb, q_sh, k_sb, k_sh, k_ss, M, K, d_s,
+                    S, n_old, init_offset, metric_ip, r64, b_, h, g, bg, G, t, BLOCK_C, BLOCK_DS)
+    if c == 0:
+        # the emit's part flags of this row (and its ticket counter) start at zero
+        for q0 in range(0, NP, 1024):
+            qq = q0 + tl.arange(0, 1024)
+            tl.store(flag_ptr + r64 * NP + qq, tl.zeros([1024], tl.int64), mask=qq < NP)
+        if r == 0:
+            tl.store(ctr_ptr, 0)
+    if CLUSTER > 1:
+        if not INTERPRETED:
+            _cluster_sync()  # every CTA's table tiles written (and seen: release / acquire)
+    else:
+        tl.debug_barrier()
     if w0 <= k:
         # every candidate is taken (pq_emit adds the lowest masked keys up to k)
         if c == 0:
@@ -413,35 +425,26 @@ DTYPES = ("fp32", "bf16", "fp16")
 MPS = (2, 4, 8)  # code rows per key: M <= MP
 #: CTAs per row's cluster on sm_90 (the portable cluster size); sm_80 has no clusters: one CTA a row
 CLUSTER = 8
-RLUT_FIXED = {"BLOCK_C": 64, "BLOCK_DS": 64}
-RSEL_FIXED = {"KP": 256, "NB": 2048, "ROUNDS": 3, "BLOCK_C": RLUT_FIXED["BLOCK_C"]}
+RSEL_FIXED = {"KP": 256, "NB": 2048, "ROUNDS": 3, "BLOCK_C": 64, "BLOCK_DS": 32}
 
 
-def _rlut_args(qt):
+def _rsel_args(qt):
     return (
         ptr("q_ptr", qt, False), ptr("k_ptr", qt, False), ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32", False),
-        ptr("qd_ptr", "fp32"), ptr("qc_ptr", "i32"), ptr("lut_ptr", "fp32"), ptr("flag_ptr", "i64"),
-        ptr("ctr_ptr", "i32"), i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"),
-        i32("H"), i32("G"), i32("M"), i32("K"), i32("d_s"), i32("S"), i32("n_old"), i32("init_offset"),
-        i32("metric_ip"), i32("NP"),
-    )
-
-
-def _rsel_args():
-    return (
         ptr("codes_ptr", "u8"), ptr("lut_ptr", "fp32"), ptr("qd_ptr", "fp32"), ptr("qc_ptr", "i32"),
-        ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"), i32("H"), i32("G"), i32("M"), i32("K"), i32("S"),
-        i32("n_old"), i32("cap", div16=True), i32("heavy"), i32("init_offset"), i32("window"),
+        ptr("bnd_ptr", "fp32"), ptr("need_ptr", "i32"), ptr("flag_ptr", "i64"), ptr("ctr_ptr", "i32"),
+        i64("q_sb"), i64("q_sh"), i64("k_sb"), i64("k_sh"), i64("k_ss"), i32("H"), i32("G"), i32("M"), i32("K"),
+        i32("d_s"), i32("S"), i32("n_old"), i32("cap", div16=True), i32("heavy"), i32("init_offset"),
+        i32("window"), i32("metric_ip"), i32("NP"),
     )
 
 
 KERNELS = []
-for _qt in DTYPES:
-    KERNELS.append(
-        Kernel(name=f"pq_rlut.q_{_qt}", fn=pq_rlut_kernel, args=_rlut_args(_qt), fixed=RLUT_FIXED,
-               variants={80: single({}, 8, 1), 90: grid({}, 8, 1, num_warps=(4, 8))}))
 for _mp in MPS:
-    KERNELS.append(
-        Kernel(name=f"pq_rsel.m{_mp}", fn=pq_rsel_kernel, args=_rsel_args(), fixed=dict(RSEL_FIXED, MP=_mp),
-               variants={80: single({"TILE": 4096, "CLUSTER": 1}, 8, 1),
-                         90: grid({"TILE": 2048, "CLUSTER": CLUSTER}, 4, 1, num_warps=(4, 8), TILE=(2048, 4096), CLUSTER=(4, CLUSTER))}))
+    for _qt in DTYPES:
+        KERNELS.append(
+            Kernel(name=f"pq_rsel.m{_mp}.q_{_qt}", fn=pq_rsel_kernel, args=_rsel_args(_qt),
+                   fixed=dict(RSEL_FIXED, MP=_mp),
+                   variants={80: single({"TILE": 4096, "CLUSTER": 1}, 8, 1),
+                             90: grid({"TILE": 2048, "CLUSTER": CLUSTER}, 4, 1, num_warps=(4, 8), TILE=(2048, 4096),
+                                      CLUSTER=(CLUSTER, ))}))

@@ -117,8 +117,7 @@ fn candidate_sets_of_the_pq_kernels() {
     let names = tritonrt::pq::tune::tunable_kernels(&store);
     for k in [
         "pq_emit.m2.w_bf16",
-        "pq_rsel.m2",
-        "pq_rlut.q_bf16",
+        "pq_rsel.m2.q_bf16",
         "pq_thresh.m2.q_bf16",
         "pq_index.m2.q_fp32.w_fp32",
         "pq_wfill.w_fp32",
@@ -485,7 +484,7 @@ fn reported(kernels: &[VariantChoice], kernel: &str) -> VariantChoice {
 }
 
 /// One step kernel tuned on a small radix-select step (bf16, M=2, bits=8): the step
-/// launches pq_rlut, pq_rsel and pq_emit; pq_emit (TILE x warps variants) is tuned into
+/// launches pq_rsel and pq_emit; pq_emit (TILE x warps variants) is tuned into
 /// a table file, then the indexer launches and reports the table's choice.
 #[test]
 fn tune_one_step_kernel_reports_and_uses_it() {
@@ -591,7 +590,7 @@ fn tune_one_step_kernel_reports_and_uses_it() {
         assert!(ex.graph_matches, "graph replay differs");
         let report = check(&cfg, &inputs, &ex.output);
         assert!(report.passed(), "{:?}: {report}", ex.kernels);
-        for k in ["pq_rlut.q_bf16", "pq_rsel.m2", emit] {
+        for k in ["pq_rsel.m2.q_bf16", emit] {
             reported(&ex.kernels, k);
         }
         reported(&ex.kernels, emit)

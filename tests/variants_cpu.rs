@@ -254,7 +254,7 @@ fn kernel_choice_overrides() {
         .with_variant(EMIT, "z");
     assert_eq!(c.variant_for(EMIT), Some("z"));
     assert_eq!(c.variant_for("pq_rsel.m2"), Some("y"));
-    assert_eq!(c.variant_for("pq_rlut.q_bf16"), None);
+    assert_eq!(c.variant_for("pq_rsel.m4"), None);
     assert_eq!(c.overrides().len(), 2);
     assert!(KernelChoice::manifest_defaults().overrides().is_empty());
 

@@ -41,7 +41,7 @@ tritonrt autotune --import deploy/tuning.json --show  # on the target machine"
 )]
 pub struct AutotuneArgs {
     /// Logical kernel to tune (repeatable): a kernel of the workload's decode step
-    /// (`pq_emit.m2.w_bf16`, `pq_rsel.m2`, `pq_index.m2.q_fp32.w_fp32`,
+    /// (`pq_emit.m2.w_bf16`, `pq_rsel.m2.q_bf16`, `pq_index.m2.q_fp32.w_fp32`,
     /// `pq_quant.a16.k_bf16`, `pq_select.h<K_PAD>.q_<qt>.w_<wt>`, ...; timed under the
     /// select path that launches it), `pq_score_kernel_v6` or `pq_score_lut.q_<qt>`;
     /// shorthands `pq_select` (the workload's select kernel) and `pq_score_lut`

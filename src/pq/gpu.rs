@@ -33,8 +33,8 @@
 //!   step is one launch) or from `pq_wfill.w_<wt>` over every SM, `pq_index` being its
 //!   programmatic dependent launch (sm_90; on sm_80 each row CTA writes its own).
 //! - or, for every config the combination histogram does not take (`K^M > 4096` or
-//!   `M > 4`), the radix-select split path: `pq_rlut.q_<qt>` writes the lookup tables,
-//!   `pq_rsel.m<MP>` narrows each row's threshold by rounds of histograms over the keys'
+//!   `M > 4`), the radix-select split path: `pq_rsel.m<MP>.q_<qt>` writes each row's
+//!   lookup table and narrows the row's threshold by rounds of histograms over the keys'
 //!   scores (one cluster of CTAs a row on sm_90, their counts combined through
 //!   distributed shared memory), then `pq_emit.m<MP>.w_<wt>` as on the split path
 //!   (`kernels_triton/pq_range.py`).

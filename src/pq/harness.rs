@@ -206,7 +206,7 @@ pub struct Execution {
     pub hist_path: bool,
     /// Whether they ran it split (`pq_thresh` + `pq_emit`).
     pub split_path: bool,
-    /// Whether they ran the radix-select split path (`pq_rlut`, `pq_rsel`, `pq_emit`).
+    /// Whether they ran the radix-select split path (`pq_rsel`, `pq_emit`).
     pub range_path: bool,
     /// Whether they ran it indexed (`pq_index`, after `pq_wfill` or alone).
     pub index_path: bool,
@@ -236,7 +236,7 @@ impl Execution {
         } else if self.index_path {
             "pq_wfill + pq_index (histogram path, indexed)"
         } else if self.range_path {
-            "pq_rlut + pq_rsel + pq_emit (radix-select split path)"
+            "pq_rsel + pq_emit (radix-select split path)"
         } else if self.split_path {
             "pq_thresh + pq_emit (histogram path, split)"
         } else if self.hist_path {

@@ -112,13 +112,12 @@ pub(crate) struct SplitKernels {
 /// combinations than the combination histogram takes (`K^M > 4096` or `M > 4`), then the
 /// split path's emit.
 pub(crate) struct RangeKernels {
-    /// `pq_rlut.q_<qt>`: the lookup table, one CTA per (row, subvector, tile of
-    /// centroids), and the new key's partial argmins.
-    pub rlut: Arc<Kernel>,
-    /// `pq_rlut`'s `BLOCK_C`: table entries per CTA.
-    pub lut_block: usize,
-    /// `pq_rsel.m<MP>`: the select's rounds, one cluster of CTAs a row.
+    /// `pq_rsel.m<MP>.q_<qt>`: the lookup table and the select's rounds, one cluster of
+    /// CTAs a row.
     pub rsel: Arc<Kernel>,
+    /// `pq_rsel`'s `BLOCK_C`: centroids per table tile (the new key's partial argmins are
+    /// `cdiv(K, BLOCK_C)` per subvector).
+    pub lut_block: usize,
     /// `pq_rsel`'s `CLUSTER`: CTAs per row (the launch's cluster on sm_90; 1 on sm_80).
     pub rsel_ctas: usize,
     /// `pq_emit.m<MP>.w_<wt>`.
@@ -381,22 +380,18 @@ impl Kernels {
                 3 | 4 => 4,
                 _ => 8,
             };
-            match (
-                ld.load_optional(&format!("pq_rlut.q_{qt}"))?,
-                ld.load_optional(&format!("pq_rsel.m{mp}"))?,
-            ) {
-                (Some(rlut), Some(rsel)) => {
+            match ld.load_optional(&format!("pq_rsel.m{mp}.q_{qt}"))? {
+                Some(rsel) => {
                     let emit = ld.load(&format!("pq_emit.m{mp}.w_{wt}"))?;
                     Some(RangeKernels {
-                        lut_block: constexpr_usize(&rlut, "BLOCK_C")?,
+                        lut_block: constexpr_usize(&rsel, "BLOCK_C")?,
                         rsel_ctas: constexpr_usize(&rsel, "CLUSTER")?,
                         emit_tile: constexpr_usize(&emit, "TILE")?,
-                        rlut,
                         rsel,
                         emit,
                     })
                 }
-                _ => None, // an older kernel cache: the chunked path serves
+                None => None, // an older kernel cache: the chunked path serves
             }
         } else {
             None
@@ -551,7 +546,7 @@ impl Kernels {
             v.push(ik.index.clone());
         }
         if let Some(rk) = &self.range {
-            v.extend([rk.rlut.clone(), rk.rsel.clone(), rk.emit.clone()]);
+            v.extend([rk.rsel.clone(), rk.emit.clone()]);
         }
         if let Some(rg) = &self.ragged {
             v.extend([
@@ -594,7 +589,7 @@ impl Kernels {
             }
             StepKind::Range { .. } => {
                 if let Some(rk) = &self.range {
-                    v.extend([&rk.rlut, &rk.rsel, &rk.emit]);
+                    v.extend([&rk.rsel, &rk.emit]);
                 }
             }
             StepKind::IndexWfill => {

@@ -300,7 +300,7 @@ impl StepLaunches<'_> {
         }
     }
 
-    /// The radix-select split path's launches: `pq_rlut`, `pq_rsel`, `pq_emit`.
+    /// The radix-select split path's launches: `pq_rsel`, `pq_emit`.
     fn range(
         &self,
         query: &DeviceTensorRef,
@@ -311,7 +311,7 @@ impl StepLaunches<'_> {
     ) -> Result<Vec<Launch>> {
         let (ks, state, order) = (self.kernels, self.state, self.order);
         let rows = state.rows();
-        let rk = ks.range.as_ref().ok_or_else(|| not_built("pq_rlut"))?;
+        let rk = ks.range.as_ref().ok_or_else(|| not_built("pq_rsel"))?;
         let mut named = self.hist_args(query, key, s, n_old, &state.hist, &state.histn)?;
         named.extend([
             ("bnd_ptr", KernelArg::Buf(state.split_bnd.buf())),
@@ -326,18 +326,16 @@ impl StepLaunches<'_> {
             ("qc_ptr", KernelArg::Buf(state.rqc.buf())),
             ("NP", i32_arg("parts per row", parts)?),
         ]);
-        // Bounds: new() sized hist_lut (rows x M x K: pq_rlut writes it, pq_rsel and
-        // pq_emit read it), bnd (rows x 2), need (rows), the ticket counter (1) and the new
-        // key's partial argmins (B*H_kv x M x cdiv(K, BLOCK_C), each); ensure_buffers sized
-        // the emit's part flags for rows x cdiv(n, TILE) = rows x parts, the codes (cap >=
-        // n keys; pq_rsel reads codes j < w0 <= n_old and writes code n_old < n when the
-        // step has its one new key: plan_step runs pq_quant first for more) and the
-        // outputs. Grids: pq_rlut (rows, M, cdiv(K, BLOCK_C)): CTA (r, m, i) writes lut[r,
-        // m, i*BLOCK_C ..] (masked to c < K) and, for a KV group's first head, partial
-        // argmin i of subvector m; pq_rsel (CLUSTER, rows): row r's cluster of CLUSTER
-        // CTAs, each writing nothing but row r's bounds (CTA 0) and its KV group's new code
-        // (the last CTA of the group's first head); pq_emit exactly rows x parts CTAs,
-        // each taking one ticket < rows x parts.
+        // Bounds: new() sized hist_lut (rows x M x K: pq_rsel writes it, pq_rsel and pq_emit
+        // read it), bnd (rows x 2), need (rows), the ticket counter (1) and the new key's
+        // partial argmins (B*H_kv x M x cdiv(K, BLOCK_C), each); ensure_buffers sized the
+        // emit's part flags for rows x cdiv(n, TILE) = rows x parts, the codes (cap >= n
+        // keys; pq_rsel reads codes j < w0 <= n_old and writes code n_old < n when the step
+        // has its one new key: plan_step runs pq_quant first for more) and the outputs.
+        // Grids: pq_rsel (CLUSTER, rows): row r's cluster of CLUSTER CTAs writes row r's
+        // table (tiles of BLOCK_C centroids, masked to c < K), its emit flags (NP of them),
+        // its bounds, and, for a KV group's first head, the group's partial argmins and new
+        // code; pq_emit exactly rows x parts CTAs, each taking one ticket < rows x parts.
         let rows_parts = u32::try_from(rows * parts)
             .map_err(|_| Error::invalid("emit grid", format!("{rows} rows x {parts} parts")))?;
         if rows > 65535 {
@@ -346,14 +344,7 @@ impl StepLaunches<'_> {
                 format!("{rows} rows (B*H) exceed the grid's 65535 rows"),
             ));
         }
-        let m = u32::try_from(state.cfg.m()).map_err(|_| Error::invalid("M", "beyond u32"))?;
-        let lut_ctas = state.cfg.k_centroids().div_ceil(rk.lut_block) as u32;
         Ok(vec![
-            Launch {
-                kernel: rk.rlut.clone(),
-                grid: [rows as u32, m, lut_ctas],
-                args: order.args(&rk.rlut, &named, true)?,
-            },
             Launch {
                 kernel: rk.rsel.clone(),
                 grid: [rk.rsel_ctas as u32, rows as u32, 1],

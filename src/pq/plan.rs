@@ -183,8 +183,8 @@ pub struct IndexFacts {
     pub bucket_budget: usize,
 }
 
-/// The radix-select split path's kernels built for a config (`pq_rlut`, `pq_rsel`,
-/// `pq_emit`: `K^M > 4096` or `M > 4`).
+/// The radix-select split path's kernels built for a config (`pq_rsel`, `pq_emit`: `K^M >
+/// 4096` or `M > 4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RangeFacts {
     /// `pq_emit`'s `TILE`: quantized keys per emit CTA (> 0).
@@ -229,7 +229,7 @@ pub fn hist_built_for(cfg: &PqConfig) -> bool {
     combos.is_some_and(|c| c <= HIST_COMBOS) && cfg.m() <= 4
 }
 
-/// Whether the radix-select split path (`pq_rlut`, `pq_rsel`, `pq_emit`) is built for
+/// Whether the radix-select split path (`pq_rsel`, `pq_emit`) is built for
 /// `cfg`: wherever the histogram family is not ([`hist_built_for`]: `K^M > 4096` or
 /// `M > 4`), so one of the two serves every config.
 pub fn range_built_for(cfg: &PqConfig) -> bool {
@@ -290,8 +290,8 @@ pub enum StepKind {
         /// Emit CTAs per row: `cdiv(n, TILE)`.
         parts: usize,
     },
-    /// `pq_rlut` (grid `(B*H, M, cdiv(K, 64))`), `pq_rsel` (grid `(CLUSTER, B*H)`: one
-    /// cluster of CTAs a row), then `pq_emit` (grid `B*H x parts`): the split path with its
+    /// `pq_rsel` (grid `(CLUSTER, B*H)`: one cluster of CTAs a row, which writes its row's
+    /// lookup table first), then `pq_emit` (grid `B*H x parts`): the split path with its
     /// threshold found by a radix select over the keys' scores (any `K^M`).
     Range {
         /// Emit CTAs per row: `cdiv(n, TILE)`.
@@ -317,8 +317,7 @@ impl StepKind {
             | StepKind::Hist
             | StepKind::IndexRowFill
             | StepKind::IndexCompanion => 1,
-            StepKind::Split { .. } | StepKind::IndexWfill => 2,
-            StepKind::Range { .. } => 3,
+            StepKind::Split { .. } | StepKind::Range { .. } | StepKind::IndexWfill => 2,
         }
     }
 
@@ -626,7 +625,7 @@ pub struct StepInfo {
     pub hist: bool,
     /// Whether it ran split: `pq_thresh` + `pq_emit`.
     pub split: bool,
-    /// Whether it ran the radix-select split path: `pq_rlut`, `pq_rsel`, `pq_emit`.
+    /// Whether it ran the radix-select split path: `pq_rsel`, `pq_emit`.
     pub range: bool,
     /// Whether it ran indexed: `pq_index` (after `pq_wfill`, or alone).
     pub index: bool,

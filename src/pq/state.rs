@@ -188,12 +188,12 @@ impl DeviceState {
             me.split_ctr.ensure(&st, 1)?;
             me.split_cls.ensure(&st, rows * HIST_COMBOS)?;
         }
-        if kernels.range.is_some() {
+        if let Some(rk) = &kernels.range {
             me.hist_lut.ensure(&st, rows * m * k)?;
             me.split_bnd.ensure(&st, rows * 2)?;
             me.split_need.ensure(&st, rows)?;
             me.split_ctr.ensure(&st, 1)?;
-            let parts = shape.b * shape.h_kv * m * k.div_ceil(64);
+            let parts = shape.b * shape.h_kv * m * k.div_ceil(rk.lut_block);
             me.rqd.ensure(&st, parts)?;
             me.rqc.ensure(&st, parts)?;
         }

@@ -36,7 +36,7 @@
 //!   `[B, H_kv, M, cap]` through a per-head lookup table; scores `[B*H, n]`; grid
 //!   `(cdiv(n, BLOCK), B*H)`. Compared like v6.
 //! - the decode step's kernels (every kernel a step of the workload launches: for the
-//!   practical workloads `pq_emit` with `pq_thresh` or with `pq_rlut` and `pq_rsel`, for
+//!   practical workloads `pq_emit` with `pq_thresh` or with `pq_rsel`, for
 //!   the reference workload `pq_index` (and `pq_wfill`), `pq_quant` for steps with several
 //!   new keys, `pq_select` or `pq_hist` where the step takes them), tuned through
 //!   [`crate::pq::gpu::GpuIndexer`]: each candidate's indexer runs that variant
@@ -84,14 +84,13 @@ pub const SCORE_LUT_PREFIX: &str = "pq_score_lut.q_";
 pub const SELECT_PREFIX: &str = "pq_select.h";
 /// Prefixes of the decode step's kernels, tuned through the indexer (a step of the
 /// workload must launch the kernel).
-pub const STEP_PREFIXES: [&str; 10] = [
+pub const STEP_PREFIXES: [&str; 9] = [
     SELECT_PREFIX,
     "pq_hist.",
     "pq_thresh.",
     "pq_emit.",
     "pq_index.",
     "pq_wfill.",
-    "pq_rlut.",
     "pq_rsel.",
     "pq_quant.",
     "pq_short.",

@@ -428,7 +428,7 @@ mod tests {
         for k in [
             "pq_select.h256.q_fp16.w_fp32",
             "pq_emit.m2.w_bf16",
-            "pq_rsel.m4",
+            "pq_rsel.m4.q_bf16",
             "pq_quant.a16.k_bf16",
             "pq_index.m2.q_fp32.w_fp32",
             "pq_wfill.w_fp32",
