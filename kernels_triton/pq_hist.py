@@ -55,12 +55,13 @@ from pq_select import INTERPRETED, _nearest, _rank_score, _store_lut
 #: the threshold rounds' bins per level and levels (``FIXED``'s ``NB``, ``LEVELS``)
 ROUND_BINS = 1024
 ROUND_LEVELS = 3
-#: ``_lvl_smem``: declares the rounds' bins, ``i32 [ROUND_LEVELS * ROUND_BINS]`` of the CTA's
-#: shared memory (static: the launch adds it to the kernel's dynamic shared memory), and
-#: gives their shared-window address; ``${:uid}`` names each copy of the asm apart
+#: words of the rounds' bins (``pq_range``'s select keeps its bins and cluster totals there too)
 LVL_WORDS = tl.constexpr(ROUND_LEVELS * ROUND_BINS)
+#: ``_lvl_smem``: declares the rounds' bins, ``i32 [LVL_WORDS]`` of the CTA's shared memory
+#: (static: the launch adds it to the kernel's dynamic shared memory), and gives their
+#: shared-window address; ``${:uid}`` names each copy of the asm apart
 LVL_SMEM_ASM = tl.constexpr(".shared .align 16 .b32 pq_lvl${:uid}[%d];\n\tmov.u32 $0, pq_lvl${:uid};" %
-                            (ROUND_LEVELS * ROUND_BINS))
+                            LVL_WORDS.value)
 
 
 @triton.jit

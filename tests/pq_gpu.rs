@@ -445,13 +445,15 @@ fn gpu_decode_loop_updates_the_graph_in_place() {
     // select grid grows from 1 to 2 chunks per row (CHUNK 8192) midway
     let (s0, s1) = (8310, 8330);
     let shape = sh(1, 8, 4, s1, 128);
-    let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Chunked);
-    let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
-    eprintln!(
-        "decode loop S={s0}..={s1}: 1 graph capture for {} steps: [{report}]",
-        s1 - s0 + 1
+    checked_path_loop(
+        &rt,
+        cfg,
+        shape,
+        (s0, s1),
+        SelectPath::Chunked,
+        "chunked",
+        |i| !i.hist,
     );
-    assert!(report.passed(), "{report}");
 }
 
 /// A ratio heavy size (spec "Sizes given as ratios") over a graph-replayed decode loop:
@@ -560,16 +562,30 @@ fn gpu_split_path_decode_loop() {
     // CTA), so the emit grid changes while the graph is updated in place
     let (s0, s1) = (16508, 16518);
     let shape = sh(2, 8, 4, s1, 128);
-    let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Split);
+    checked_path_loop(&rt, cfg, shape, (s0, s1), SelectPath::Split, "split", |i| {
+        i.split && i.launches == 2
+    });
+}
+
+/// A graph-mode decode loop on `path` over `S = s0 ..= s1` whose every step ran the
+/// `what` path (`ran`), captured its graph once (later steps updated it in place), and
+/// whose last step passes the CPU reference.
+fn checked_path_loop(
+    rt: &Arc<Runtime>,
+    cfg: PqConfig,
+    shape: Shape,
+    (s0, s1): (usize, usize),
+    path: SelectPath,
+    what: &str,
+    ran: fn(&StepInfo) -> bool,
+) {
+    let (ix, _dev, inputs, infos) = decode_loop(rt, cfg, shape, (s0, s1), path);
     for (s, info) in (s0..=s1).zip(&infos) {
-        assert!(
-            info.split && info.launches == 2,
-            "S={s}: the split path did not run: {info:?}"
-        );
+        assert!(ran(info), "S={s}: the {what} path did not run: {info:?}");
     }
     let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
-    eprintln!("split decode loop S={s0}..={s1}: [{report}]");
-    assert!(report.passed(), "split decode loop: {report}");
+    eprintln!("{what} decode loop S={s0}..={s1}: [{report}]");
+    assert!(report.passed(), "{what} decode loop: {report}");
 }
 
 /// The radix-select split path ((M, bits) = (2, 8), heavy 10% of S) over a graph-replayed
@@ -587,16 +603,15 @@ fn gpu_radix_decode_loop_updates_the_graph_in_place() {
     };
     let (s0, s1) = (9000, 9012);
     let shape = sh(1, 8, 2, s1, 128);
-    let (ix, _dev, inputs, infos) = decode_loop(&rt, cfg, shape, (s0, s1), SelectPath::Auto);
-    for (s, info) in (s0..=s1).zip(&infos) {
-        assert!(
-            info.range && info.launches == 2,
-            "S={s}: the radix-select path did not run: {info:?}"
-        );
-    }
-    let report = loop_checked_once_captured(&ix, &cfg, &inputs, &infos);
-    eprintln!("radix decode loop S={s0}..={s1}: [{report}]");
-    assert!(report.passed(), "radix decode loop: {report}");
+    checked_path_loop(
+        &rt,
+        cfg,
+        shape,
+        (s0, s1),
+        SelectPath::Auto,
+        "radix-select",
+        |i| i.range && i.launches == 2,
+    );
 }
 
 /// Every select path gives the right answer while another stream keeps the SMs busy, so
