@@ -7,8 +7,8 @@
 //! is 0); `gridDim = (grid.x * num_ctas, grid.y, grid.z)`, `blockDim = 32 * num_warps`,
 //! all of `shared` as dynamic shared memory; a cluster of `(num_ctas, 1, 1)` when
 //! `num_ctas > 1`, or of the variant's `cluster_dims` for one-CTA programs that ask for
-//! one (the grid a whole number of them); PDL and cooperative launch as `cuLaunchKernelEx` attributes. A grid
-//! with a zero dimension launches nothing. A host tensor descriptor argument
+//! one (the grid a whole number of them); PDL and cooperative launch as
+//! `cuLaunchKernelEx` attributes. A grid with a zero dimension launches nothing. A host tensor descriptor argument
 //! ([`KernelArg::TensorDesc`]) is several parameters; its `CUtensorMap` is encoded for each
 //! launch (`cuTensorMapEncodeTiled`) and passed by value.
 //!

@@ -563,8 +563,9 @@ impl Kernels {
         v
     }
 
-    /// The kernels a step of `plan` launches, in launch order, each once; `pq_quant` as [`Kernels::quant_for`] picks it for keys at
-    /// `key_addr` with element strides `key_strides` and subvectors of `d_s` elements.
+    /// The kernels a step of `plan` launches, in launch order, each once; `pq_quant` as
+    /// [`Kernels::quant_for`] picks it for keys at `key_addr` with element strides
+    /// `key_strides` and subvectors of `d_s` elements.
     /// A kernel the plan needs but this config did not load is left out (the step itself
     /// refuses it).
     pub fn launched(
