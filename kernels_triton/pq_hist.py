@@ -370,6 +370,20 @@ def _red_min_max(a, b):
 
 
 @triton.jit
+def _max_max(a0, b0, a1, b1):
+    return tl.maximum(a0, a1), tl.maximum(b0, b1)
+
+
+@triton.jit
+def _red_max_max(a, b):
+    """``(max(a), max(b))`` over axis 0 in one reduction."""
+    if INTERPRETED:
+        return tl.max(a, axis=0), tl.max(b, axis=0)
+    else:
+        return tl.reduce((a, b), 0, _max_max)
+
+
+@triton.jit
 def _red_add_max(a, b):
     """``(sum(a), max(b))`` over axis 0 in one reduction."""
     if INTERPRETED:
@@ -461,9 +475,10 @@ def _lvl_read(base, i):
 
 
 @triton.jit
-def _lvl_zero(base, i):
-    """Zeroes bins ``i`` of the rounds' bins at ``base``."""
-    tl.inline_asm_elementwise("st.shared.b32 [$1], 0;\n\tmov.b32 $0, 0;", "=r,r", [base + 4 * i], dtype=tl.int32,
+def _lvl_store(base, i, v):
+    """Stores ``v`` (i32, the shape of ``i``) into words ``i`` of the static shared memory at
+    shared-window address ``base`` (the rounds' bins, or ``pq_range``'s other arrays)."""
+    tl.inline_asm_elementwise("st.shared.b32 [$1], $2;\n\tmov.b32 $0, 0;", "=r,r,r", [base + 4 * i, v], dtype=tl.int32,
                               is_pure=False, pack=1)
 
 
@@ -488,7 +503,7 @@ def _rounds(cnt, s, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constex
     if not INTERPRETED:
         base = _lvl_smem()
         for lv in tl.static_range(LEVELS):
-            _lvl_zero(base, lv * NB + bins)
+            _lvl_store(base, lv * NB + bins, tl.zeros_like(bins))
         tl.debug_barrier()  # every bin zero before any round's atomics
     alive = cnt > 0
     sure = cnt < 0

@@ -13,8 +13,8 @@ b)`` of ranks that holds the ``need``-th largest candidate still to place:
   (``_vbin``): each operation rounded once, so the bin never decreases as ``x`` grows;
 * every CTA of the row keeps the bin ``d`` holding the ``need``-th largest candidate
   (``need`` less the keys in the bins above it) and finds its exact rank bounds by a
-  search over the floats (``_bin_edges``: the lowest rank in bin ``d`` and the lowest in
-  ``d + 1``, tested 32 floats at a time), so the bin is exactly the keys ``lo <= x <
+  search over the floats (``_edge``: the lowest rank in bin ``d`` and the lowest in
+  ``d + 1``, galloping from an estimate), so the bin is exactly the keys ``lo <= x <
   hi`` and ``pq_emit``'s comparisons select the same keys;
 * the row is resolved when that bin holds one value, or is no wider than ``5e-5 (1 +
   |x|)`` (half the spec's tolerance ``1e-4 (1 + |score|)``: the keys in it are near-ties,
@@ -38,22 +38,24 @@ the host runs ``pq_quant`` first for more), that key's nearest centroid of the b
 M, cdiv(K, BLOCK_C)]``; CTA 0 zeroes the emit's part flags ``flag i64 [B*H, NP]`` and
 (row 0) its ticket counter ``ctr i32 [1]``; a cluster barrier (release / acquire) makes
 the table every CTA's. The last CTA combines the new key's blocks into its code as
-``_nearest`` does (``_store_code``). A round: CTA ``c`` scores candidate tiles ``c, c +
-CLUSTER, ..`` of ``TILE`` keys and counts those in the range into its own ``NB`` bins of
-shared memory (shared atomics); after a cluster barrier CTA ``c`` sums its ``NB /
-CLUSTER`` bins' counts over every CTA of the cluster (distributed shared memory) and,
-after a second, every CTA reads all the sums, so every CTA takes the same bin and bounds
-and needs no other message. The first round starts from the lookup table: ``[a, b)`` =
-the ranks of ``lo = sum_m min_c lut[m, c]`` and just above ``hi`` (maxima), added in the
-keys' order, so by the monotonicity of rounding every key lies in it; the full rank
-range where the table holds a non-finite entry; ``need = min(k, w0)``. CTA 0 writes
-``bnd f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and ``need i32 [B*H]`` (``k = 0``: nothing
-is taken). Correct under any schedule: a cluster's CTAs run together (the hardware
-places them at once), and no CTA waits on another cluster. This replaced launches of a
-round kernel each (the row's CTAs adding to global counts and the last to arrive closing
-the round), which cost ~11 us a round at (2, 8) heavy 3020 (NOTES.md, "the radix
-select in one cluster a row"), and a table launch before it (``pq_rlut``, one CTA per
-(row, subvector, centroid block)).
+``_nearest`` does (``_store_code``). Each CTA copies the row's table into its shared
+memory and scores keys from there (``_smem_scores``). A round (``_round_bin``): CTA
+``c`` scores candidate tiles ``c, c + CLUSTER, ..`` of ``TILE`` keys and counts those in
+the range into its own ``NB`` bins of shared memory (shared atomics); after a cluster
+barrier CTA ``c`` sums segment ``c`` (``NB / CLUSTER`` bins) over every CTA of the
+cluster (distributed shared memory) as counts from the segment's top; after a second,
+every CTA reads the segments' totals, then the chosen segment's counts, so every CTA
+takes the same bin and bounds and needs no other message. The first round starts from
+the lookup table: ``[a, b)`` = the ranks of ``lo = sum_m min_c lut[m, c]`` and just
+above ``hi`` (maxima), added in the keys' order, so by the monotonicity of rounding
+every key lies in it; the full rank range where the table holds a non-finite entry;
+``need = min(k, w0)``. CTA 0 writes ``bnd f32 [B*H, 2]`` = ``(t_sure, t_maybe)`` and
+``need i32 [B*H]`` (``k = 0``: nothing is taken). Correct under any schedule: a
+cluster's CTAs run together (the hardware places them at once), and no CTA waits on
+another cluster. Measured (NOTES.md, "the select's rounds: segments, the table in shared
+memory"): one launch of every round replaced a launch per round (~11 us a round at (2,
+8) heavy 3020); the segmented pick, the galloping bounds and the shared-memory table
+took a round from ~6-7 us to ~5.
 
 Launch contract: README.md in this directory. A row whose candidates are at most ``k``
 (``w0 <= k``) takes them all: it is resolved at once (``t_sure`` below every rank, ``need
@@ -65,15 +67,19 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_select import RANK_INF, RANK_NAN, _block_nearest, _lut_tile, _rank_score, _row_dots
-from pq_hist import LVL_WORDS, _lvl_add, _lvl_read, _lvl_smem, _lvl_zero, _row_ids, _row_sizes
-from pq_select import INTERPRETED
+from pq_select import INTERPRETED, RANK_INF, RANK_NAN, _block_nearest, _lut_tile, _rank_score, _row_dots
+from pq_hist import (LVL_WORDS, _code_row, _lvl_add, _lvl_read, _lvl_smem, _lvl_store, _red_max_max, _row_ids,
+                     _row_sizes)
 from pq_split import _part_scores
 
 #: the class bounds of a row with nothing to pick: above every rank (|rank| <= 32768)
 NO_PICK = tl.constexpr(65536.0)
-#: floats tested at once by the closing CTA's search for a bin's exact bounds (``_bin_edges``)
-SEARCH = tl.constexpr(32)
+#: words of the row's lookup table in each CTA's shared memory (``_lut_smem``): ``MP x KP``
+#: entries at most (8 x 256)
+LUT_WORDS = tl.constexpr(2048)
+#: ``_lut_smem``: declares them (static shared memory, as ``pq_hist``'s ``LVL_SMEM_ASM``)
+LUT_SMEM_ASM = tl.constexpr(".shared .align 16 .b32 pq_lut${:uid}[%d];\n\tmov.u32 $0, pq_lut${:uid};" %
+                            LUT_WORDS.value)
 
 
 @triton.jit
@@ -113,14 +119,19 @@ def _score_bound(ext, mm, M, MP: tl.constexpr):
 
 
 @triton.jit
-def _rank_bounds(lut_row, M, K, MP: tl.constexpr, KP: tl.constexpr):
+def _rank_bounds(lut_row, lbase, M, K, MP: tl.constexpr, KP: tl.constexpr):
     """``[a, b)``: a rank range holding every key's rank, from the head's table (f32
     ``[M, K]``): the ranks of the sums of the per-subvector minima and (just above) maxima;
-    ``[RANK_NAN, RANK_INF]`` where an entry is not finite."""
+    ``[RANK_NAN, RANK_INF]`` where an entry is not finite. On the GPU the table also goes
+    into this CTA's shared memory at ``lbase`` (entry ``(m, c)`` at word ``m * KP + c``,
+    for ``_smem_scores``; visible after the next barrier)."""
     mm = tl.arange(0, MP)
     cc = tl.arange(0, KP)
     on = (mm[:, None] < M) & (cc[None, :] < K)
     t = tl.load(lut_row + mm[:, None] * K + cc[None, :], mask=on, other=0.0)
+    if not INTERPRETED:
+        tl.static_assert(MP * KP <= LUT_WORDS)
+        _lvl_store(lbase, mm[:, None] * KP + cc[None, :], t.to(tl.int32, bitcast=True))
     bad = on & ((t != t) | (tl.abs(t) == float("inf")))
     finite = tl.sum(bad.to(tl.int32)) == 0
     lo = _score_bound(tl.min(tl.where(on, t, float("inf")), axis=1), mm, M, MP)
@@ -148,57 +159,42 @@ def _vbin(x, a, sc, NB: tl.constexpr):
 
 
 @triton.jit
-def _first_in(a, b, sc, t, NB: tl.constexpr, W: tl.constexpr):
-    """The lowest rank ``x`` in ``[a, b]`` with ``_vbin(x) >= t`` (``1 <= t < NB``): a
-    ``W``-ary search over the ordered integers of the floats (``_ukey``; ``W`` of them
-    tested at once, so about 4 steps cover 2^32 where a bisection takes 32 dependent
-    ones), exact because the bin never decreases with ``x`` and ``b`` is in bin ``NB -
-    1``; so keys in bins ``>= t`` are exactly those ``>=`` it."""
-    lo = _ukey(a)
-    hi = _ukey(b)
-    idx = tl.arange(0, W).to(tl.int64)
-    while lo < hi:
-        step = (hi - lo + W - 1) // W
-        p = _vbin(_from_ukey(tl.minimum(lo + idx * step, hi)), a, sc, NB) >= t
-        i = tl.min(tl.where(p, idx, W), axis=0)
-        # the answer is in (lo + (i - 1) step, lo + i step]
-        nhi = tl.minimum(lo + i * step, hi)
-        lo = tl.minimum(tl.where(i == 0, lo, lo + (i - 1) * step + 1), nhi)
-        hi = nhi
-    return _from_ukey(lo)
-
-
-@triton.jit
-def _bin_edges(a, b, sc, d, NB: tl.constexpr, W: tl.constexpr):
-    """The exact rank bounds of bin ``d`` of ``[a, b)`` (``sc = NB / (b - a)``): the lowest
-    ranks with ``_vbin >= max(d, 1)`` and ``>= min(d + 1, NB - 1)`` (``_first_in``'s
-    answers). Both are looked for at once in a window of ``W`` consecutive floats around
-    the estimate ``a + t / sc``, which holds the answer whenever the window's last float
-    is in the bin or above and its first is below or is ``a`` (the usual case: the
-    estimate is off by a few ulps); otherwise (ranges far wider than the bound's own
-    scale) ``_first_in`` searches the whole range. Measured (32 CTAs of 8 warps, one
-    closing each, H200; NOTES.md "the closing CTA's bin bounds"): at most 0.5 us per
-    closing against 3.4-4.9 us with two bisections, the same bounds; ``W = 32`` keeps the
-    round kernel at its registers (80 at M = 2; 128 floats: 108)."""
-    two = tl.arange(0, 2)
-    t = tl.minimum(tl.maximum(d + two, 1), NB - 1)
+def _edge(a, b, sc, t, NB: tl.constexpr):
+    """The lowest rank ``x`` in ``[a, b]`` with ``_vbin(x) >= t`` (``1 <= t < NB``,
+    ``sc = NB / (b - a)``): a galloping search over the ordered integers of the floats
+    (``_ukey``) from the estimate ``a + t / sc``: steps of 1, 2, 4, .. away from it until
+    a float on the other side of the bin's edge brackets the answer, then a bisection of
+    the bracket. Scalar code, no CTA-wide reduction; about ``2 log2(d) + 2`` evaluations
+    for an estimate ``d`` floats off: a few usually, up to ~60 where the range spans zero
+    and the bound lies near it (the estimate is only as fine as ``a``'s rounding, and
+    floats crowd near zero). Exact because the bin never decreases with ``x``, ``a`` is
+    in bin 0 and ``b`` in bin ``NB - 1``."""
     ua = _ukey(a)
     ub = _ukey(b)
-    idx = tl.arange(0, W).to(tl.int64)
-    u = tl.minimum(tl.maximum(_ukey(a + t.to(tl.float32) / sc)[:, None] - W // 2 + idx[None, :], ua), ub)
-    p = _vbin(_from_ukey(u), a, sc, NB) >= t[:, None]
-    first = tl.min(tl.where(p, idx[None, :], W), axis=1)
-    p_first = tl.sum(tl.where(idx[None, :] == 0, p.to(tl.int32), 0), axis=1) != 0
-    p_last = tl.sum(tl.where(idx[None, :] == W - 1, p.to(tl.int32), 0), axis=1) != 0
-    ok = (p_last & ((p_first == 0) | (tl.min(u, axis=1) == ua))).to(tl.int32)
-    found = tl.min(tl.where(idx[None, :] == first[:, None], u, ub), axis=1)
-    x0 = _from_ukey(tl.sum(tl.where(two == 0, found, 0), axis=0))
-    x1 = _from_ukey(tl.sum(tl.where(two == 1, found, 0), axis=0))
-    if tl.sum(tl.where(two == 0, ok, 0), axis=0) == 0:
-        x0 = _first_in(a, b, sc, tl.maximum(d, 1), NB, W)
-    if tl.sum(tl.where(two == 1, ok, 0), axis=0) == 0:
-        x1 = _first_in(a, b, sc, tl.minimum(d + 1, NB - 1), NB, W)
-    return x0, x1
+    u = tl.minimum(tl.maximum(_ukey(a + t.to(tl.float32) / sc), ua), ub)
+    # a bracket (lo, hi]: _vbin(lo) < t <= _vbin(hi)
+    step = u - u + 1
+    if _vbin(_from_ukey(u), a, sc, NB) < t:
+        lo = u
+        hi = tl.minimum(u + 1, ub)
+        while _vbin(_from_ukey(hi), a, sc, NB) < t:
+            lo = hi
+            step *= 2
+            hi = tl.minimum(lo + step, ub)
+    else:
+        hi = u
+        lo = tl.maximum(u - 1, ua)
+        while _vbin(_from_ukey(lo), a, sc, NB) >= t:
+            hi = lo
+            step *= 2
+            lo = tl.maximum(hi - step, ua)
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        if _vbin(_from_ukey(mid), a, sc, NB) >= t:
+            hi = mid
+        else:
+            lo = mid
+    return _from_ukey(hi)
 
 
 @triton.jit
@@ -212,16 +208,11 @@ def _resolve(bnd_ptr, need_ptr, r, r64, t_sure, t_maybe, need):
 @triton.jit
 def _cluster_sync():
     """Barrier of every thread of the CTA's cluster; shared and global writes before it are
-    seen after it (release / acquire at cluster scope)."""
-    tl.inline_asm_elementwise("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n\tmov.b32 $0, 0;",
+    seen after it (release / acquire at cluster scope). Nothing under Triton's interpreter
+    (no PTX; it runs the CTAs one after another)."""
+    if not INTERPRETED:
+        tl.inline_asm_elementwise("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n\tmov.b32 $0, 0;",
                               "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _smem_store(base, i, v):
-    """Stores ``v`` into words ``i`` of the shared memory at ``base``."""
-    tl.inline_asm_elementwise("st.shared.b32 [$1], $2;\n\tmov.b32 $0, 0;", "=r,r,r", [base + 4 * i, v], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -231,6 +222,35 @@ def _cluster_read(addr, rank):
     return tl.inline_asm_elementwise(
         "{ .reg .b32 %ra; mapa.shared::cluster.u32 %ra, $1, $2; ld.shared::cluster.b32 $0, [%ra]; }", "=r,r,r",
         [addr, rank + tl.zeros_like(addr)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _lut_smem():
+    """The shared-window address (i32) of this CTA's copy of the row's lookup table
+    (``LUT_SMEM_ASM``; written by ``_rank_bounds``)."""
+    return tl.inline_asm_elementwise(LUT_SMEM_ASM, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _smem_f32(addr):
+    """The f32 words at shared-window addresses ``addr`` (i32 tensor)."""
+    return tl.inline_asm_elementwise("ld.shared.f32 $0, [$1];", "=f,r", [addr], dtype=tl.float32, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP: tl.constexpr, KP: tl.constexpr):
+    """``_part_scores`` from this CTA's shared-memory copy of the row's table (``lbase``:
+    entry ``(m, c)`` at word ``m * KP + c``): the same entries added in the same order, so
+    the same ranks bit for bit, each gather a shared load in place of a global one (the
+    table was just written by the cluster's CTAs: every first gather of a CTA went to L2)."""
+    cbase = codes_ptr + bg * M * cap
+    sc = _smem_f32(lbase + 4 * (_code_row(cbase, cap, 0, M, j).to(tl.int32) & (K - 1)))
+    for mi in tl.static_range(1, MP):
+        cm = _code_row(cbase, cap, mi, M, j)
+        e = _smem_f32(lbase + 4 * (tl.minimum(M - 1, mi) * KP + (cm.to(tl.int32) & (K - 1))))
+        sc += tl.where(M > mi, e, 0.0)
+    return _rank_score(sc)
 
 
 @triton.jit
@@ -286,39 +306,61 @@ def _store_code(qd_ptr, qc_ptr, codes_ptr, bg, M, K, n_old, cap, MP: tl.constexp
 
 
 @triton.jit
-def _bin_bounds(cnt, a, b, need, NB: tl.constexpr):
-    """The bin ``d`` of ``NB`` bins of ``[a, b)`` (counts ``cnt``) that holds the
-    ``need``-th largest candidate (counting from the top), its exact rank bounds ``lo <= x
-    < hi`` (``_bin_edges``), the candidates still wanted from it, and whether the row is
-    resolved there (the bin one value, or no wider than ``5e-5 (1 + |x|)``)."""
-    bins = tl.arange(0, NB)
-    ge = tl.cumsum(cnt, axis=0, reverse=True)  # candidates in bins >= d
-    d = tl.maximum(tl.max(tl.where(ge >= need, bins, -1), axis=0), 0)
-    above = tl.sum(tl.where(bins == d, ge - cnt, 0), axis=0)  # in the bins above d
-    need2 = need - above.to(tl.int64)
-    x0, x1 = _bin_edges(a, b, NB / (b - a), d, NB, SEARCH)
-    lo = tl.where(d == 0, a, x0)
-    hi = tl.where(d == NB - 1, b, x1)
-    done = (_next_up(lo) >= hi) | ((hi - lo) <= 5e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi))))
-    return lo, hi, need2, done
+def _top_of(ge, base, above_0, need, N: tl.constexpr):
+    """The last of ``N`` consecutive bins (or cluster segments) whose count from the top,
+    ``ge[i] + above_0`` (``ge``: i32 ``[N]``, the counts in entries ``>= i``, not increasing;
+    ``above_0``: the count above entry ``N - 1``), is at least ``need``, as ``base + i``,
+    and the count above it: ``ge[i + 1] + above_0``, the largest count still below
+    ``need``. The select keeps ``need <= ge[0] + above_0`` (the wanted candidate is in
+    the range), so such an entry exists (``base + 0`` were none). One CTA-wide reduction
+    of both."""
+    i = tl.arange(0, N)
+    g = ge.to(tl.int64) + above_0
+    top, above = _red_max_max(tl.where(g >= need, i, -1), tl.where(g < need, g, above_0))
+    return base + tl.maximum(top, 0), above
 
 
 @triton.jit
-def _round_counts(codes_ptr, lut_row, base, bg, M, K, cap, w0, c, a, b, MP: tl.constexpr, TILE: tl.constexpr,
-                  NB: tl.constexpr, CLUSTER: tl.constexpr):
-    """The row's candidates (``j < w0``) of ranks in ``[a, b)`` per bin of ``NB`` bins
-    (``_vbin``), i32 ``[NB]``, the same in every CTA of the row's cluster. CTA ``c`` scores
-    tiles ``c, c + CLUSTER, ..`` of ``TILE`` candidates into its own bins (the rounds'
-    shared memory at ``base``: shared atomics); after a cluster barrier CTA ``c`` sums bins
-    ``c * NB / CLUSTER ..`` of every CTA (distributed shared memory) into its totals (the
-    words after its bins) and, after a second, every CTA reads every CTA's totals. A CTA
-    writes its bins again only after the second barrier of the round before, and its
-    totals after the first of this one, when every read of them is done. (Adding each
-    key's count straight into the owning CTA's totals, one barrier a round, was 6-8x
-    slower: a distributed shared memory atomic is a round trip.) Under Triton's
-    interpreter (no PTX, no distributed shared memory) every CTA counts the whole row
-    itself, by ``tl.histogram`` s: the same counts."""
-    bins = tl.arange(0, NB)
+def _bin_bounds(d, above, a, b, need, NB: tl.constexpr):
+    """For the bin ``d`` of ``NB`` bins of ``[a, b)`` that holds the ``need``-th largest
+    candidate (counting from the top; ``above`` of them in the bins above it): its exact
+    rank bounds ``lo <= x < hi`` (the lowest ranks in bins ``>= d`` and ``>= d + 1``,
+    ``_edge``), the candidates still wanted from it, and whether the row is resolved there
+    (the bin one value, or no wider than ``5e-5 (1 + |x|)``)."""
+    sc = NB / (b - a)
+    x0 = _edge(a, b, sc, tl.maximum(d, 1), NB)
+    x1 = _edge(a, b, sc, tl.minimum(d + 1, NB - 1), NB)
+    lo = tl.where(d == 0, a, x0)
+    hi = tl.where(d == NB - 1, b, x1)
+    done = (_next_up(lo) >= hi) | ((hi - lo) <= 5e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi))))
+    return lo, hi, need - above, done
+
+
+@triton.jit
+def _round_bin(codes_ptr, lut_row, lbase, base, bg, M, K, cap, w0, c, a, b, need, MP: tl.constexpr,
+               KP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr, CLUSTER: tl.constexpr):
+    """A round over the row's candidates (``j < w0``) of ranks in ``[a, b)``, binned into
+    ``NB`` bins (``_vbin``): the bin ``d`` holding the ``need``-th largest and the count in
+    the bins above it, the same in every CTA of the row's cluster. CTA ``c`` scores tiles
+    ``c, c + CLUSTER, ..`` of ``TILE`` candidates into its own bins (the rounds' shared
+    memory at ``base``: shared atomics). The cluster's bins are split into ``CLUSTER``
+    segments of ``NBC = NB / CLUSTER``: after a cluster barrier CTA ``c`` sums segment
+    ``c``'s bins over every CTA (distributed shared memory) and keeps their counts from
+    the segment's top (a suffix sum) in the ``NBC`` words after its bins; after a second,
+    every CTA reads the ``CLUSTER`` segment totals (each segment's first suffix sum), picks
+    the segment ``s`` holding the ``need``-th largest, reads segment ``s``'s suffix sums
+    and picks the bin in it (``_top_of`` twice): ``CLUSTER + NBC`` remote words a CTA, and
+    scans over ``NBC`` bins, where reading every total (``NB`` words) and scanning them
+    took ~2.5-3 us a round at (2, 8) heavy 3020 (NOTES.md). A CTA writes its bins again
+    only after the second barrier of the round before, and its sums after the first of
+    this one, when every read of them is done. (Adding each key's count straight into the
+    owning CTA's bins, one barrier a round, was 6-8x slower: a distributed shared memory
+    atomic is a round trip.) Under Triton's interpreter (no PTX, no distributed shared
+    memory) every CTA counts the whole row itself by ``tl.histogram`` and picks by the
+    same segments; with ``CLUSTER = 1`` (sm_80) the CTA counts the whole row in its own
+    bins and its one segment is the row."""
+    NBC: tl.constexpr = NB // CLUSTER
+    i = tl.arange(0, NBC)
     sc = NB / (b - a)
     if INTERPRETED:
         cnt = tl.zeros([NB], tl.int32)
@@ -326,28 +368,38 @@ def _round_counts(codes_ptr, lut_row, base, bg, M, K, cap, w0, c, a, b, MP: tl.c
             j = t0 + tl.arange(0, TILE)
             x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
             cnt += tl.histogram(_vbin(x, a, sc, NB), NB, mask=(j < w0) & (x >= a) & (x < b))
+        if CLUSTER > 1:
+            # the segments' totals, then segment s's suffix sums, from the whole row's counts
+            qq = tl.arange(0, CLUSTER)
+            seg = tl.reshape(cnt, [CLUSTER, NBC])
+            s, above_s = _top_of(tl.cumsum(tl.sum(seg, axis=1), axis=0, reverse=True), 0, 0, need, CLUSTER)
+            in_s = tl.sum(tl.where(qq[:, None] == s, seg, 0), axis=0)
+            d, above = _top_of(tl.cumsum(in_s, axis=0, reverse=True), s * NBC, above_s, need, NBC)
+        else:
+            d, above = _top_of(tl.cumsum(cnt, axis=0, reverse=True), 0, 0, need, NB)
     else:
-        tl.debug_barrier()  # this CTA's reads of its bins (the round before) are done
-        _lvl_zero(base, bins)
+        tl.debug_barrier()  # this CTA's reads of its bins (the round before) done; its table copy written
+        _lvl_store(base, tl.arange(0, NB), tl.zeros([NB], tl.int32))
         tl.debug_barrier()
         for t0 in range(c * TILE, w0, CLUSTER * TILE):
             j = t0 + tl.arange(0, TILE)
-            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
+            x = _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP, KP)
             _lvl_add(base, _vbin(x, a, sc, NB), tl.full([TILE], 1, tl.int32), (j < w0) & (x >= a) & (x < b))
         if CLUSTER > 1:
-            NBC: tl.constexpr = NB // CLUSTER
-            i = tl.arange(0, NBC)
             _cluster_sync()  # every CTA's bins complete
             tot = tl.zeros([NBC], tl.int32)
             for q in tl.static_range(CLUSTER):
                 tot += _cluster_read(base + 4 * (c * NBC + i), q)
-            _smem_store(base, NB + i, tot)
-            _cluster_sync()  # every CTA's totals complete
-            cnt = _cluster_read(base + 4 * (NB + bins % NBC), bins // NBC)
+            _lvl_store(base, NB + i, tl.cumsum(tot, axis=0, reverse=True))
+            _cluster_sync()  # every CTA's suffix sums complete
+            qq = tl.arange(0, CLUSTER)
+            s, above_s = _top_of(tl.cumsum(_cluster_read(base + 4 * NB + 0 * qq, qq), axis=0, reverse=True), 0, 0,
+                                 need, CLUSTER)
+            d, above = _top_of(_cluster_read(base + 4 * (NB + i), s), s * NBC, above_s, need, NBC)
         else:
             tl.debug_barrier()
-            cnt = _lvl_read(base, bins)
-    return cnt
+            d, above = _top_of(tl.cumsum(_lvl_read(base, i), axis=0, reverse=True), 0, 0, need, NB)
+    return d, above
 
 
 @triton.jit
@@ -383,8 +435,7 @@ def pq_rsel_kernel(
         if r == 0:
             tl.store(ctr_ptr, 0)
     if CLUSTER > 1:
-        if not INTERPRETED:
-            _cluster_sync()  # every CTA's table tiles written (and seen: release / acquire)
+        _cluster_sync()  # every CTA's table tiles written (and seen: release / acquire)
     else:
         tl.debug_barrier()
     if w0 <= k:
@@ -399,19 +450,21 @@ def pq_rsel_kernel(
         if CLUSTER > 1:
             tl.static_assert(NB + NB // CLUSTER <= LVL_WORDS)  # and its totals
         base = 0
+        lbase = 0
         if not INTERPRETED:
             base = _lvl_smem()
-        a, b = _rank_bounds(lut_row, M, K, MP, KP)
+            lbase = _lut_smem()
+        a, b = _rank_bounds(lut_row, lbase, M, K, MP, KP)
         lo = a
         hi = b
         done = a > b  # false
         for lv in tl.static_range(ROUNDS):
             if not done:  # the same in every CTA of the cluster: the same counts
-                cnt = _round_counts(codes_ptr, lut_row, base, bg, M, K, cap, w0, c, lo, hi, MP, TILE, NB, CLUSTER)
-                lo, hi, need, done = _bin_bounds(cnt, lo, hi, need, NB)
+                d, above = _round_bin(codes_ptr, lut_row, lbase, base, bg, M, K, cap, w0, c, lo, hi, need, MP, KP,
+                                      TILE, NB, CLUSTER)
+                lo, hi, need, done = _bin_bounds(d, above, lo, hi, need, NB)
         if CLUSTER > 1:
-            if not INTERPRETED:
-                _cluster_sync()  # no CTA leaves while another may read its counts
+            _cluster_sync()  # no CTA leaves while another may read its counts
         if c == 0:
             _resolve(bnd_ptr, need_ptr, r, r64, hi, lo, need)
     if (c == CLUSTER - 1) & (h % G == 0) & (n > n_old):
