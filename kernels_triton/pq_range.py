@@ -39,7 +39,9 @@ M, cdiv(K, BLOCK_C)]``; CTA 0 zeroes the emit's part flags ``flag i64 [B*H, NP]`
 (row 0) its ticket counter ``ctr i32 [1]``; a cluster barrier (release / acquire) makes
 the table every CTA's. The last CTA combines the new key's blocks into its code as
 ``_nearest`` does (``_store_code``). Each CTA copies the row's table into its shared
-memory and scores keys from there (``_smem_scores``). A round (``_round_bin``): CTA
+memory and scores keys from there (``_smem_scores``); the first round keeps the ranks of
+each CTA's first ``RANK_WORDS`` candidates in its shared memory too, and the later rounds
+read them back instead of scoring those keys again. A round (``_round_bin``): CTA
 ``c`` scores candidate tiles ``c, c + CLUSTER, ..`` of ``TILE`` keys and counts those in
 the range into its own ``NB`` bins of shared memory (shared atomics); after a cluster
 barrier CTA ``c`` sums segment ``c`` (``NB / CLUSTER`` bins) over every CTA of the
@@ -55,7 +57,9 @@ cluster's CTAs run together (the hardware places them at once), and no CTA waits
 another cluster. Measured (NOTES.md, "the select's rounds: segments, the table in shared
 memory"): one launch of every round replaced a launch per round (~11 us a round at (2,
 8) heavy 3020); the segmented pick, the galloping bounds and the shared-memory table
-took a round from ~6-7 us to ~5.
+took a round from ~6-7 us to ~5; the rank cache (NOTES.md, "the select's rank cache") took
+the later rounds' scoring off the chain (``pq_rsel`` alone, B*H = 32, S = 32768, heavy
+3020: (2, 8) 17.5 -> 15.7 us, (4, 8) 20.6 -> 18.1, (8, 4) 25.6 -> 20.8).
 
 Launch contract: README.md in this directory. A row whose candidates are at most ``k``
 (``w0 <= k``) takes them all: it is resolved at once (``t_sure`` below every rank, ``need
@@ -80,6 +84,14 @@ LUT_WORDS = tl.constexpr(2048)
 #: ``_lut_smem``: declares them (static shared memory, as ``pq_hist``'s ``LVL_SMEM_ASM``)
 LUT_SMEM_ASM = tl.constexpr(".shared .align 16 .b32 pq_lut${:uid}[%d];\n\tmov.u32 $0, pq_lut${:uid};" %
                             LUT_WORDS.value)
+#: words of each CTA's cache of its candidates' ranks (``_rank_smem``): the first round
+#: stores the ranks of its first ``RANK_WORDS`` keys, the later rounds read them back
+#: (24 KB: with the rounds' 12 KB and the table's 8 KB, under the 48 KB of static shared
+#: memory a kernel may declare)
+RANK_WORDS = tl.constexpr(6144)
+#: ``_rank_smem``: declares them
+RANK_SMEM_ASM = tl.constexpr(".shared .align 16 .b32 pq_rank${:uid}[%d];\n\tmov.u32 $0, pq_rank${:uid};" %
+                             RANK_WORDS.value)
 
 
 @triton.jit
@@ -232,6 +244,13 @@ def _lut_smem():
 
 
 @triton.jit
+def _rank_smem():
+    """The shared-window address (i32) of this CTA's cache of its candidates' ranks
+    (``RANK_SMEM_ASM``)."""
+    return tl.inline_asm_elementwise(RANK_SMEM_ASM, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _smem_f32(addr):
     """The f32 words at shared-window addresses ``addr`` (i32 tensor)."""
     return tl.inline_asm_elementwise("ld.shared.f32 $0, [$1];", "=f,r", [addr], dtype=tl.float32, is_pure=False,
@@ -337,8 +356,9 @@ def _bin_bounds(d, above, a, b, need, NB: tl.constexpr):
 
 
 @triton.jit
-def _round_bin(codes_ptr, lut_row, lbase, base, bg, M, K, cap, w0, c, a, b, need, MP: tl.constexpr,
-               KP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr, CLUSTER: tl.constexpr):
+def _round_bin(codes_ptr, lut_row, lbase, base, xbase, bg, M, K, cap, w0, c, a, b, need, MP: tl.constexpr,
+               KP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr, CLUSTER: tl.constexpr,
+               FIRST: tl.constexpr):
     """A round over the row's candidates (``j < w0``) of ranks in ``[a, b)``, binned into
     ``NB`` bins (``_vbin``): the bin ``d`` holding the ``need``-th largest and the count in
     the bins above it, the same in every CTA of the row's cluster. CTA ``c`` scores tiles
@@ -358,7 +378,13 @@ def _round_bin(codes_ptr, lut_row, lbase, base, bg, M, K, cap, w0, c, a, b, need
     atomic is a round trip.) Under Triton's interpreter (no PTX, no distributed shared
     memory) every CTA counts the whole row itself by ``tl.histogram`` and picks by the
     same segments; with ``CLUSTER = 1`` (sm_80) the CTA counts the whole row in its own
-    bins and its one segment is the row."""
+    bins and its one segment is the row.
+
+    The CTA's ``l``-th tile is scored from its codes and the table in the first round
+    (``FIRST``), which also keeps its ranks in the CTA's rank cache (``xbase``, words ``l *
+    TILE ..``) where the whole tile fits in its ``RANK_WORDS``; the later rounds read those
+    tiles' ranks back (a shared load a key in place of ``M`` code loads from L2 and ``M``
+    table gathers) and score the rest again."""
     NBC: tl.constexpr = NB // CLUSTER
     i = tl.arange(0, NBC)
     sc = NB / (b - a)
@@ -381,10 +407,22 @@ def _round_bin(codes_ptr, lut_row, lbase, base, bg, M, K, cap, w0, c, a, b, need
         tl.debug_barrier()  # this CTA's reads of its bins (the round before) done; its table copy written
         _lvl_store(base, tl.arange(0, NB), tl.zeros([NB], tl.int32))
         tl.debug_barrier()
+        x0 = 0  # the tile's first word in the rank cache
         for t0 in range(c * TILE, w0, CLUSTER * TILE):
             j = t0 + tl.arange(0, TILE)
-            x = _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP, KP)
+            slot = x0 + tl.arange(0, TILE)
+            kept = x0 + TILE <= RANK_WORDS  # the whole tile has words in the cache
+            if FIRST:
+                x = _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP, KP)
+                if kept:
+                    _lvl_store(xbase, slot, x.to(tl.int32, bitcast=True))
+            else:
+                if kept:
+                    x = _smem_f32(xbase + 4 * slot)
+                else:
+                    x = _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP, KP)
             _lvl_add(base, _vbin(x, a, sc, NB), tl.full([TILE], 1, tl.int32), (j < w0) & (x >= a) & (x < b))
+            x0 += TILE
         if CLUSTER > 1:
             _cluster_sync()  # every CTA's bins complete
             tot = tl.zeros([NBC], tl.int32)
@@ -451,17 +489,19 @@ def pq_rsel_kernel(
             tl.static_assert(NB + NB // CLUSTER <= LVL_WORDS)  # and its totals
         base = 0
         lbase = 0
+        xbase = 0
         if not INTERPRETED:
             base = _lvl_smem()
             lbase = _lut_smem()
+            xbase = _rank_smem()
         a, b = _rank_bounds(lut_row, lbase, M, K, MP, KP)
         lo = a
         hi = b
         done = a > b  # false
         for lv in tl.static_range(ROUNDS):
             if not done:  # the same in every CTA of the cluster: the same counts
-                d, above = _round_bin(codes_ptr, lut_row, lbase, base, bg, M, K, cap, w0, c, lo, hi, need, MP, KP,
-                                      TILE, NB, CLUSTER)
+                d, above = _round_bin(codes_ptr, lut_row, lbase, base, xbase, bg, M, K, cap, w0, c, lo, hi, need, MP,
+                                      KP, TILE, NB, CLUSTER, lv == 0)
                 lo, hi, need, done = _bin_bounds(d, above, lo, hi, need, NB)
         if CLUSTER > 1:
             _cluster_sync()  # no CTA leaves while another may read its counts
