@@ -39,7 +39,7 @@ M, cdiv(K, BLOCK_C)]``; CTA 0 zeroes the emit's part flags ``flag i64 [B*H, NP]`
 (row 0) its ticket counter ``ctr i32 [1]``; a cluster barrier (release / acquire) makes
 the table every CTA's. The last CTA combines the new key's blocks into its code as
 ``_nearest`` does (``_store_code``). Each CTA copies the row's table into its shared
-memory and scores keys from there (``_smem_scores``); the first round keeps the ranks of
+memory and scores keys from there (``_part_scores`` with ``KP``); the first round keeps the ranks of
 each CTA's first ``RANK_WORDS`` candidates in its shared memory too, and the later rounds
 read them back instead of scoring those keys again. A round (``_round_bin``): CTA
 ``c`` scores candidate tiles ``c, c + CLUSTER, ..`` of ``TILE`` keys and counts those in
@@ -72,8 +72,7 @@ import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import INTERPRETED, RANK_INF, RANK_NAN, _block_nearest, _lut_tile, _rank_score, _row_dots
-from pq_hist import (LVL_WORDS, _code_row, _lvl_add, _lvl_read, _lvl_smem, _lvl_store, _red_max_max, _row_ids,
-                     _row_sizes)
+from pq_hist import LVL_WORDS, _lvl_add, _lvl_read, _lvl_smem, _lvl_store, _red_max_max, _row_ids, _row_sizes
 from pq_split import _part_scores
 
 #: the class bounds of a row with nothing to pick: above every rank (|rank| <= 32768)
@@ -136,7 +135,7 @@ def _rank_bounds(lut_row, lbase, M, K, MP: tl.constexpr, KP: tl.constexpr):
     ``[M, K]``): the ranks of the sums of the per-subvector minima and (just above) maxima;
     ``[RANK_NAN, RANK_INF]`` where an entry is not finite. On the GPU the table also goes
     into this CTA's shared memory at ``lbase`` (entry ``(m, c)`` at word ``m * KP + c``,
-    for ``_smem_scores``; visible after the next barrier)."""
+    for ``_part_scores``; visible after the next barrier)."""
     mm = tl.arange(0, MP)
     cc = tl.arange(0, KP)
     on = (mm[:, None] < M) & (cc[None, :] < K)
@@ -248,28 +247,6 @@ def _rank_smem():
     """The shared-window address (i32) of this CTA's cache of its candidates' ranks
     (``RANK_SMEM_ASM``)."""
     return tl.inline_asm_elementwise(RANK_SMEM_ASM, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _smem_f32(addr):
-    """The f32 words at shared-window addresses ``addr`` (i32 tensor)."""
-    return tl.inline_asm_elementwise("ld.shared.f32 $0, [$1];", "=f,r", [addr], dtype=tl.float32, is_pure=False,
-                                     pack=1)
-
-
-@triton.jit
-def _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP: tl.constexpr, KP: tl.constexpr):
-    """``_part_scores`` from this CTA's shared-memory copy of the row's table (``lbase``:
-    entry ``(m, c)`` at word ``m * KP + c``): the same entries added in the same order, so
-    the same ranks bit for bit, each gather a shared load in place of a global one (the
-    table was just written by the cluster's CTAs: every first gather of a CTA went to L2)."""
-    cbase = codes_ptr + bg * M * cap
-    sc = _smem_f32(lbase + 4 * (_code_row(cbase, cap, 0, M, j).to(tl.int32) & (K - 1)))
-    for mi in tl.static_range(1, MP):
-        cm = _code_row(cbase, cap, mi, M, j)
-        e = _smem_f32(lbase + 4 * (tl.minimum(M - 1, mi) * KP + (cm.to(tl.int32) & (K - 1))))
-        sc += tl.where(M > mi, e, 0.0)
-    return _rank_score(sc)
 
 
 @triton.jit
@@ -392,7 +369,7 @@ def _round_bin(codes_ptr, lut_row, lbase, base, xbase, bg, M, K, cap, w0, c, a, 
         cnt = tl.zeros([NB], tl.int32)
         for t0 in range(0, w0, TILE):
             j = t0 + tl.arange(0, TILE)
-            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP)
+            x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP, 0, 0)
             cnt += tl.histogram(_vbin(x, a, sc, NB), NB, mask=(j < w0) & (x >= a) & (x < b))
         if CLUSTER > 1:
             # the segments' totals, then segment s's suffix sums, from the whole row's counts
@@ -413,14 +390,14 @@ def _round_bin(codes_ptr, lut_row, lbase, base, xbase, bg, M, K, cap, w0, c, a, 
             slot = x0 + tl.arange(0, TILE)
             kept = x0 + TILE <= RANK_WORDS  # the whole tile has words in the cache
             if FIRST:
-                x = _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP, KP)
+                x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP, lbase, KP)
                 if kept:
                     _lvl_store(xbase, slot, x.to(tl.int32, bitcast=True))
             else:
                 if kept:
-                    x = _smem_f32(xbase + 4 * slot)
+                    x = _lvl_read(xbase, slot).to(tl.float32, bitcast=True)
                 else:
-                    x = _smem_scores(codes_ptr, lbase, bg, M, K, cap, j, MP, KP)
+                    x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP, lbase, KP)
             _lvl_add(base, _vbin(x, a, sc, NB), tl.full([TILE], 1, tl.int32), (j < w0) & (x >= a) & (x < b))
             x0 += TILE
         if CLUSTER > 1:

@@ -46,8 +46,8 @@ import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import INTERPRETED, _rank_score
-from pq_hist import (FIXED as HIST_FIXED, _code_row, _popc, _quantize_cta, _row_ids, _row_sizes, _row_threshold,
-                     _stamp, _store_heavy, _store_stamps, _take_masks)
+from pq_hist import (FIXED as HIST_FIXED, _code_row, _lvl_read, _popc, _quantize_cta, _row_ids, _row_sizes,
+                     _row_threshold, _stamp, _store_heavy, _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
 READY = tl.constexpr(1 << 62)
@@ -67,20 +67,33 @@ WAIT_READY_ASM = tl.constexpr("""{
 
 
 @triton.jit
-def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP: tl.constexpr):
+def _table_entries(lut_row, lbase, m, cm, K, KP: tl.constexpr):
+    """Entries ``(m, cm)`` of a head's lookup table: from ``lut_row`` (f32 ``[M, K]``) where
+    ``KP = 0``, else from a copy in this CTA's shared memory at shared-window address
+    ``lbase`` (entry ``(m, c)`` at word ``m * KP + c``)."""
+    if KP == 0:
+        e = tl.load(lut_row + m * K + cm)
+    else:
+        e = _lvl_read(lbase, m * KP + cm).to(tl.float32, bitcast=True)
+    return e
+
+
+@triton.jit
+def _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP: tl.constexpr, lbase, KP: tl.constexpr):
     """Ranks (``_rank_score``) of the scores of keys ``j`` (i32, any shape: one part's or
-    one round tile's keys) of KV head ``bg`` from the head's lookup table ``lut_row`` (f32
-    ``[M, K]``): the entries added in pq_thresh's order (m = 0, 1, ..; + 0.0 for ``M <= m
-    < MP``), so every kernel that classifies by them agrees bit for bit. Every key is
-    scored, candidate or not (the gathers stay inside the table: codes masked to ``K -
-    1``, rows m >= M read row M - 1 and add 0.0); the caller masks the classes. Code loads
-    masked by ``j < cap`` only (cap % 16 == 0, parts start at multiples of TILE): vector
-    loads."""
+    one round tile's keys) of KV head ``bg`` from the head's lookup table (``lut_row``, or
+    its copy in shared memory at ``lbase`` where ``KP > 0``: ``_table_entries``): the
+    entries added in pq_thresh's order (m = 0, 1, ..; + 0.0 for ``M <= m < MP``), so every
+    kernel that classifies by them agrees bit for bit, wherever it gathers them from.
+    Every key is scored, candidate or not (the gathers stay inside the table: codes
+    masked to ``K - 1``, rows m >= M read row M - 1 and add 0.0); the caller masks the
+    classes. Code loads masked by ``j < cap`` only (cap % 16 == 0, parts start at
+    multiples of TILE): vector loads."""
     cbase = codes_ptr + bg * M * cap
-    sc = tl.load(lut_row + (_code_row(cbase, cap, 0, M, j).to(tl.uint32) & (K - 1)))
+    sc = _table_entries(lut_row, lbase, 0, _code_row(cbase, cap, 0, M, j).to(tl.int32) & (K - 1), K, KP)
     for mi in tl.static_range(1, MP):
-        cm = _code_row(cbase, cap, mi, M, j)
-        sc += tl.where(M > mi, tl.load(lut_row + tl.minimum(M - 1, mi) * K + (cm.to(tl.uint32) & (K - 1))), 0.0)
+        cm = _code_row(cbase, cap, mi, M, j).to(tl.int32) & (K - 1)
+        sc += tl.where(M > mi, _table_entries(lut_row, lbase, tl.minimum(M - 1, mi), cm, K, KP), 0.0)
     return _rank_score(sc)
 
 
@@ -342,7 +355,7 @@ def pq_emit_kernel(
     if by_class != 0:
         ge_s, ge_m = _class_bits(codes_ptr, cls_ptr + r64 * NC, bg, M, K, cap, j0, NW, MP, NC)
     else:
-        sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP)
+        sc = _part_scores(codes_ptr, lut_ptr + r64 * M * K, bg, M, K, cap, j, MP, 0, 0)
         ge_s, ge_m = _score_bits(sc, tl.load(bnd_ptr + 2 * r64), tl.load(bnd_ptr + 2 * r64 + 1), lane)
     s_sink = tl.minimum(sink, S)
     need = tl.load(need_ptr + r)
