@@ -333,6 +333,27 @@ def _bin_bounds(d, above, a, b, need, NB: tl.constexpr):
 
 
 @triton.jit
+def _tile_ranks(codes_ptr, lut_row, lbase, xbase, bg, M, K, cap, j, slot, kept, MP: tl.constexpr,
+                KP: tl.constexpr, FIRST: tl.constexpr):
+    """Ranks of a tile of the CTA's keys ``j`` (i32 ``[TILE]``) whose words in its rank
+    cache (``xbase``) are ``slot``, ``kept`` where the whole tile has words there: read
+    back from the cache after the first round (a shared load a key in place of ``M`` code
+    loads from L2 and ``M`` table gathers), else scored from the codes and the table
+    (``_part_scores``), and kept in the first round (``FIRST``)."""
+    reuse = kept
+    if FIRST:
+        reuse = False
+    if reuse:
+        x = _lvl_read(xbase, slot).to(tl.float32, bitcast=True)
+    else:
+        x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP, lbase, KP)
+        if FIRST:
+            if kept:
+                _lvl_store(xbase, slot, x.to(tl.int32, bitcast=True))
+    return x
+
+
+@triton.jit
 def _round_bin(codes_ptr, lut_row, lbase, base, xbase, bg, M, K, cap, w0, c, a, b, need, MP: tl.constexpr,
                KP: tl.constexpr, TILE: tl.constexpr, NB: tl.constexpr, CLUSTER: tl.constexpr,
                FIRST: tl.constexpr):
@@ -357,11 +378,8 @@ def _round_bin(codes_ptr, lut_row, lbase, base, xbase, bg, M, K, cap, w0, c, a, 
     same segments; with ``CLUSTER = 1`` (sm_80) the CTA counts the whole row in its own
     bins and its one segment is the row.
 
-    The CTA's ``l``-th tile is scored from its codes and the table in the first round
-    (``FIRST``), which also keeps its ranks in the CTA's rank cache (``xbase``, words ``l *
-    TILE ..``) where the whole tile fits in its ``RANK_WORDS``; the later rounds read those
-    tiles' ranks back (a shared load a key in place of ``M`` code loads from L2 and ``M``
-    table gathers) and score the rest again."""
+    The CTA's ``l``-th tile's ranks: ``_tile_ranks``, at words ``l * TILE ..`` of the
+    CTA's rank cache (``xbase``; kept where the whole tile fits in its ``RANK_WORDS``)."""
     NBC: tl.constexpr = NB // CLUSTER
     i = tl.arange(0, NBC)
     sc = NB / (b - a)
@@ -387,17 +405,8 @@ def _round_bin(codes_ptr, lut_row, lbase, base, xbase, bg, M, K, cap, w0, c, a, 
         x0 = 0  # the tile's first word in the rank cache
         for t0 in range(c * TILE, w0, CLUSTER * TILE):
             j = t0 + tl.arange(0, TILE)
-            slot = x0 + tl.arange(0, TILE)
-            kept = x0 + TILE <= RANK_WORDS  # the whole tile has words in the cache
-            if FIRST:
-                x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP, lbase, KP)
-                if kept:
-                    _lvl_store(xbase, slot, x.to(tl.int32, bitcast=True))
-            else:
-                if kept:
-                    x = _lvl_read(xbase, slot).to(tl.float32, bitcast=True)
-                else:
-                    x = _part_scores(codes_ptr, lut_row, bg, M, K, cap, j, MP, lbase, KP)
+            x = _tile_ranks(codes_ptr, lut_row, lbase, xbase, bg, M, K, cap, j, x0 + tl.arange(0, TILE),
+                            x0 + TILE <= RANK_WORDS, MP, KP, FIRST)
             _lvl_add(base, _vbin(x, a, sc, NB), tl.full([TILE], 1, tl.int32), (j < w0) & (x >= a) & (x < b))
             x0 += TILE
         if CLUSTER > 1:
