@@ -17,8 +17,9 @@ lookup table stays in ``lut f32 [B*H, M, K]``. It also zeroes the emit's part fl
 ``pq_emit_kernel``, grid ``(B*H*NP,)`` with ``NP = cdiv(n, TILE)``, ``n = S -
 init_offset``: each CTA takes a ticket (atomic counter) naming its row and part ``c``,
 covering keys ``j = c*TILE ..`` (positions ``j + init_offset``). With ``by_class = 1``
-(the split path) it classifies each key by one u8 gather of its combination's class from
-``cls`` (the threshold's own comparisons); with ``by_class = 0`` (the radix-select path,
+(the split path) it copies the row's class table ``cls`` (4 KB) into shared memory and
+classifies each key by one shared u8 load of its combination's class (the threshold's own
+comparisons); with ``by_class = 0`` (the radix-select path,
 ``K^M > 4096``: no table) it scores each key from the lookup table (one f32 gather per
 key and subvector from a ``K``-entry row, unmasked; added in the order the threshold's
 kernels add them, so the classes agree bit for bit). It keeps per 32 keys a bit mask of
@@ -46,7 +47,7 @@ import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import INTERPRETED, _rank_score
-from pq_hist import (FIXED as HIST_FIXED, _code_row, _lvl_read, _popc, _quantize_cta, _row_ids, _row_sizes,
+from pq_hist import (FIXED as HIST_FIXED, _code_row, _lvl_read, _lvl_store, _popc, _quantize_cta, _row_ids, _row_sizes,
                      _row_threshold, _stamp, _store_heavy, _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
@@ -107,13 +108,44 @@ def _score_bits(sc, t_sure, t_maybe, lane):
     return ge_s, ge_m
 
 
+#: ``_cls_smem``: declares the class table's copy, ``u8 [NC]`` of the CTA's static shared
+#: memory, and gives its shared-window address; ``${:uid}`` names each copy of the asm apart
+CLS_NC = tl.constexpr(HIST_FIXED["NC"])
+CLS_SMEM_ASM = tl.constexpr(".shared .align 16 .b8 pq_cls${:uid}[%d];\n\tmov.u32 $0, pq_cls${:uid};" % CLS_NC.value)
+
+
+@triton.jit
+def _cls_smem(cls_row, NC: tl.constexpr):
+    """Copies a row's class table (``cls_row``: u8 ``[NC]``, 4-byte aligned) into this CTA's
+    static shared memory (``CLS_SMEM_ASM``) and returns its shared-window address (i32),
+    after a barrier. A warp's 32 gathers of random classes from global memory touch ~20
+    of the table's 32 L1 lines, one L1 wavefront each; from shared memory they cost the
+    most words one bank holds (~3-4)."""
+    tl.static_assert(NC == CLS_NC)
+    base = tl.inline_asm_elementwise(CLS_SMEM_ASM, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    i = tl.arange(0, NC // 4)
+    _lvl_store(base, i, tl.load(cls_row.to(tl.pointer_type(tl.int32)) + i))
+    tl.debug_barrier()
+    return base
+
+
+@triton.jit
+def _smem_u8(base, i):
+    """Bytes ``i`` (i32, any shape) of the static shared memory at shared-window address
+    ``base``, zero-extended to i32."""
+    return tl.inline_asm_elementwise("ld.shared.u8 $0, [$1];", "=r,r", [base + i], dtype=tl.int32, is_pure=False,
+                                     pack=1)
+
+
 @triton.jit
 def _class_bits(codes_ptr, cls_row, bg, M, K, cap, j0, NW: tl.constexpr, MP: tl.constexpr, NC: tl.constexpr):
     """As ``_score_bits`` for the part's keys ``j0 .. j0 + 32 NW``, from the classes
     ``pq_thresh`` gave the row's code combinations (``cls_row``: u8 per combination
     ``sum_m code_m K^(M-1-m)``, bit 1 = its score ranks ``>= t_sure``, bit 0 = ``>=
     t_maybe``): one gather per key in place of ``M`` table entries, their sum and its
-    rank, and the classes are the very comparisons the threshold made. The keys are
+    rank, and the classes are the very comparisons the threshold made. The gathers read
+    the table's copy in shared memory (``_cls_smem``; global memory under the
+    interpreter). The keys are
     indexed ``[2, NW, 16]`` (half, group, key): each 16-byte code load is one half-group,
     so a thread holds both halves of its group and builds its bit masks without moving
     codes between threads. Code loads masked by ``j < cap`` only (``cap % 16 == 0``,
@@ -126,7 +158,13 @@ def _class_bits(codes_ptr, cls_row, bg, M, K, cap, j0, NW: tl.constexpr, MP: tl.
     cc = _code_row(cbase, cap, 0, M, jj).to(tl.int32)
     for mi in tl.static_range(1, MP):
         cc = tl.where(M > mi, cc * K + _code_row(cbase, cap, mi, M, jj).to(tl.int32), cc)
-    cls = tl.load(cls_row + (cc & (NC - 1))).to(tl.uint32)
+    if INTERPRETED:
+        cls = tl.load(cls_row + (cc & (NC - 1))).to(tl.uint32)
+    else:
+        # the row's table copied into shared memory (the code loads above are in flight
+        # meanwhile), then one shared byte load a key
+        tbase = _cls_smem(cls_row, NC)
+        cls = _smem_u8(tbase, cc & (NC - 1)).to(tl.uint32)
     # per half-group both classes' bits interleaved (key i at bits 2i, 2i + 1), then
     # each class's bits gathered into the low 16
     both = tl.sum(cls << (2 * l16.to(tl.uint32))[None, None, :], axis=2)  # distinct bits: sum = or
