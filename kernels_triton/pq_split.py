@@ -30,10 +30,11 @@ key by its mask's prefix count and its bit (as ``pq_hist``'s ``_emit_masks``), t
 writes its slice of ``weight_list`` in 16-byte stores (``w_ptr`` 16-byte aligned; the
 slice shifted onto 16-byte boundaries, see ``_store_weights``) and its ``sparse_list``
 entries: in the usual row (every heavy pick between sink and window) heavy keys at
-``sink' + rank`` and window positions ``p`` at ``sink' + k + (p - ws)``; in any other row
-(``init_offset < sink'``, a window reaching before the first key, or fewer candidates
-than ``k``, the lowest masked keys filling in) every key's sink, heavy and window copies
-in one ascending list, as ``pq_hist`` does. Part 0 also writes the positions before the
+``sink' + rank`` (a part's heavy entries staged in shared memory, then written in order:
+``_store_heavy_staged``) and window positions ``p`` at ``sink' + k + (p - ws)``; in any
+other row (``init_offset < sink'``, a window reaching before the first key, or fewer
+candidates than ``k``, the lowest masked keys filling in) every key's sink, heavy and
+window copies in one ascending list, as ``pq_hist`` does. Part 0 also writes the positions before the
 first key and ``sparse_len``. Tickets are handed out in launch order of the CTAs that
 run, so every earlier part of a row belongs to a CTA that is already running: the spin
 always ends.
@@ -48,7 +49,7 @@ import triton.language as tl
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import INTERPRETED, _rank_score
 from pq_hist import (FIXED as HIST_FIXED, _code_row, _lvl_read, _lvl_store, _popc, _quantize_cta, _row_ids, _row_sizes,
-                     _row_threshold, _stamp, _store_heavy, _store_stamps, _take_masks)
+                     _row_threshold, _stamp, _store_stamps, _take_masks)
 
 #: flag word of a part that has published: READY | sure << 20 | maybe (each < 2^20)
 READY = tl.constexpr(1 << 62)
@@ -171,6 +172,69 @@ def _class_bits(codes_ptr, cls_row, bg, M, K, cap, j0, NW: tl.constexpr, MP: tl.
     hs = _even_bits(both >> 1) << (16 * half.to(tl.uint32))[:, None]
     hm = _even_bits(both) << (16 * half.to(tl.uint32))[:, None]
     return tl.sum(hs, axis=0), tl.sum(hm, axis=0)
+
+
+#: ``_hvy_smem``: the part's heavy entries staged in the CTA's static shared memory, ``u16
+#: [TILE]`` (each a key's index in the part), one declaration per ``TILE``
+HVY_SMEM_ASM_1024 = tl.constexpr(".shared .align 16 .b8 pq_hvy${:uid}[2048];\n\tmov.u32 $0, pq_hvy${:uid};")
+HVY_SMEM_ASM_2048 = tl.constexpr(".shared .align 16 .b8 pq_hvy${:uid}[4096];\n\tmov.u32 $0, pq_hvy${:uid};")
+HVY_SMEM_ASM_4096 = tl.constexpr(".shared .align 16 .b8 pq_hvy${:uid}[8192];\n\tmov.u32 $0, pq_hvy${:uid};")
+HVY_SMEM_ASM_8192 = tl.constexpr(".shared .align 16 .b8 pq_hvy${:uid}[16384];\n\tmov.u32 $0, pq_hvy${:uid};")
+
+
+@triton.jit
+def _hvy_smem(TILE: tl.constexpr):
+    """The shared-window address (i32) of ``u16 [TILE]`` of this CTA's static shared memory
+    (``HVY_SMEM_ASM_*``; TILE in 1024, 2048, 4096, 8192)."""
+    if TILE == 1024:
+        base = tl.inline_asm_elementwise(HVY_SMEM_ASM_1024, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    elif TILE == 2048:
+        base = tl.inline_asm_elementwise(HVY_SMEM_ASM_2048, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    elif TILE == 4096:
+        base = tl.inline_asm_elementwise(HVY_SMEM_ASM_4096, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.static_assert(TILE == 8192)
+        base = tl.inline_asm_elementwise(HVY_SMEM_ASM_8192, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    return base
+
+
+@triton.jit
+def _store_heavy_staged(slot0, ex_t, take, bound, base, wd, t_lo, T, TILE: tl.constexpr):
+    """``pq_hist._store_heavy`` for one part whose taken keys fill the contiguous slots
+    ``slot0 + t_lo .. + T`` (``t_lo = ex_t[0]``, ``T`` the part's taken keys): each group's
+    taken bits, lowest first, go to shared memory (``_hvy_smem``: u16 key indices) at the
+    group's slots less ``t_lo``, then the CTA writes the ``T`` entries in order, so each
+    warp's global stores cover consecutive slots. Stored straight from the groups, a
+    warp's store of one taken bit per group touches a sector per group, and every sector
+    is written once per bit. Under the interpreter (no shared memory) the part's own
+    slots of ``sparse_list`` hold the staged key indices, and the second pass rewrites
+    them as positions: a wrong ``t_lo`` or ``T`` leaves indices in the list."""
+    if not INTERPRETED:
+        hb = _hvy_smem(TILE)
+    rem = take
+    for it in range(0, bound):
+        low = rem & (0 - rem)
+        kidx = wd * 32 + _popc(low - 1)
+        if INTERPRETED:
+            tl.store(slot0 + ex_t + it, kidx.to(tl.int64), mask=rem != 0)
+        else:
+            tl.inline_asm_elementwise(
+                "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $3, 0;\n\t@p st.shared.u16 [$1], $2;\n\tmov.b32 $0, 0;\n\t}",
+                "=r,r,r,r", [hb + 2 * (ex_t - t_lo + it), kidx, (rem != 0).to(tl.int32)], dtype=tl.int32,
+                is_pure=False, pack=1)
+        rem = rem ^ low
+    if not INTERPRETED:
+        tl.debug_barrier()
+    CQ: tl.constexpr = TILE // 8
+    for q0 in range(0, T, CQ):
+        q = q0 + tl.arange(0, CQ)
+        qm = q < T
+        if INTERPRETED:
+            v = tl.load(slot0 + t_lo + q, mask=qm, other=0).to(tl.int32)
+        else:
+            v = tl.inline_asm_elementwise("ld.shared.u16 $0, [$1];", "=r,r", [hb + 2 * tl.where(qm, q, 0)],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+        tl.store(slot0 + t_lo + q, (base + v).to(tl.int64), mask=qm)
 
 
 @triton.jit
@@ -297,7 +361,12 @@ def _emit_part(ge_s, ge_m, need, frow, sl_row, w_ptr, len_ptr, r64, c, j0, j, wd
     if (init_offset >= s_sink) & (ws >= init_offset) & (w0 >= k):
         if j0 + TILE > w0:  # window keys in this part
             tl.store(sl_row + s_sink + k + (j - w0), (j + init_offset).to(tl.int64), mask=(j >= w0) & (j < n))
-        _store_heavy(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd)
+        # the part's taken keys: sure ones, and maybe ones while fewer than need are
+        tot_s = tot & 0xFFFF
+        tot_m = tot >> 16
+        t_lo = carry_s + tl.minimum(carry_m, need)
+        t_n = tot_s + tl.minimum(carry_m + tot_m, need) - tl.minimum(carry_m, need)
+        _store_heavy_staged(sl_row + s_sink, ex_t, take, bound, j0 + init_offset, wd, t_lo, t_n, TILE)
     else:
         # four 32-key groups at a time (the whole part's positions at once would hold
         # i64 addresses for TILE keys and raise every row's register count)
