@@ -34,10 +34,10 @@ entries: in the usual row (every heavy pick between sink and window) heavy keys 
 ``_store_heavy_staged``) and window positions ``p`` at ``sink' + k + (p - ws)``; in any
 other row (``init_offset < sink'``, a window reaching before the first key, or fewer
 candidates than ``k``, the lowest masked keys filling in) every key's sink, heavy and
-window copies in one ascending list, as ``pq_hist`` does. Part 0 also writes the positions before the
-first key and ``sparse_len``. Tickets are handed out in launch order of the CTAs that
-run, so every earlier part of a row belongs to a CTA that is already running: the spin
-always ends.
+window copies in one ascending list, as ``pq_hist`` does. Part 0 also writes the positions
+before the first key and ``sparse_len``. Tickets are handed out in launch order of the
+CTAs that run, so every earlier part of a row belongs to a CTA that is already running:
+the spin always ends.
 
 Host precondition: the step's new keys are not candidates (``w0 <= n_old``; else
 ``pq_quant`` quantizes them first).
