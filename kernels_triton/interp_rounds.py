@@ -8,14 +8,16 @@ Triton's interpreter: every kernel of the histogram family (``pq_hist``, ``pq_th
 A probe kernel runs ``_rounds`` on one row of combinations (counts ``cnt``, scores
 ``s``) with a small ``NB`` (16 bins), so that the rounds, not the first cut, decide. The
 cases: random distinct scores, a crowded bin (many distinct scores within one first-round
-bin), tied scores, spans below 2^-100 (subnormal differences), ``need`` equal to every
-key (callers pass ``need <= keys``), LEVELS 2 and 3. Each result ``(t_sure, t_maybe,
-need')`` is checked against float64 arithmetic on the same scores: the keys scoring ``>=
-t_sure`` plus ``need'`` make ``need``; the combination holding the ``need``-th largest
-key scores in ``[t_maybe, t_sure)``, which holds at least ``need'`` keys; and where that
-range holds one score (the rounds resolved it, as three must on the random, tied and
-subnormal cases) the bounds are exact. The level bins must be left zero. Exit status 1 on
-the first mismatch.
+bin), tied scores, spans below 2^-100 (subnormal differences), near-ties (scores within
+half the spec's tolerance of each other), scores past ``RANK_LIN`` (16384) a few
+thousandths apart (not near-ties there, where a rank is 2^16 ulps of a score), ``need``
+equal to every key (callers pass ``need <= keys``), LEVELS 2 and 3. Each result
+``(t_sure, t_maybe, need')`` is checked against float64 arithmetic on the same scores:
+the keys scoring ``>= t_sure`` plus ``need'`` make ``need``; the combination holding the
+``need``-th largest key scores in ``[t_maybe, t_sure)``, which holds at least ``need'``
+keys; where that range holds one score the bounds are exact; and three rounds must leave
+one score or near-ties only (``5e-5 (1 + |score|)`` apart at most) on the random, tied,
+subnormal, near-tie and past-``RANK_LIN`` cases. Exit status 1 on the first mismatch.
 """
 
 import argparse
@@ -72,9 +74,12 @@ def check(name, cnt, s, need, levels, must_resolve):
     sk = s64[order][np.searchsorted(cum, want)]  # the combination holding the want-th key
     if not t_maybe <= sk < t_sure:
         raise AssertionError(f"{msg}: the {want}-th key's score {sk!r} outside [t_maybe, t_sure)")
-    resolved = len(np.unique(s64[maybe_mask])) <= 1
-    if must_resolve and not resolved:
-        raise AssertionError(f"{msg}: {len(np.unique(s64[maybe_mask]))} scores still in play")
+    in_play = np.unique(s64[maybe_mask])
+    resolved = len(in_play) <= 1
+    near = resolved or (np.abs(in_play).max() <= 16384.0
+                        and in_play.max() - in_play.min() <= 5e-5 * (1.0 + np.abs(in_play).min()))
+    if must_resolve and not near:
+        raise AssertionError(f"{msg}: {len(in_play)} scores still in play, {in_play.max() - in_play.min()!r} apart")
     if resolved:
         above = s64[(s64 > sk) & (cnt > 0)]
         exact = (above.min() if above.size else np.inf, sk, want - int(cnt[s64 > sk].sum()))
@@ -99,6 +104,14 @@ def cases(rng):
     yield "tied", cnt2, tied, int(rng.integers(1, cnt2.sum())), True
     tiny = (rng.permutation(NC).astype(np.float32) * np.float32(1e-44)).astype(np.float32)
     yield "span below 2^-100", cnt2, tiny, int(rng.integers(1, cnt2.sum())), True
+    # near-ties: 64 scores 1e-6 apart near 2 (within 5e-5 (1 + 2) of each other), taken in
+    # position order without a round
+    near = (np.float32(2.0) + rng.permutation(NC).astype(np.float32) * np.float32(1e-6)).astype(np.float32)
+    yield "near-ties", cnt2, near, int(rng.integers(1, cnt2.sum())), True
+    # past RANK_LIN: ranks 0.004 apart are scores 3e-5 relative apart, above half the
+    # tolerance, so the rounds must go on to one score (the linear rule would stop at once)
+    far = (np.float32(16500.0) + rng.permutation(NC).astype(np.float32) * np.float32(0.004)).astype(np.float32)
+    yield "past RANK_LIN", cnt2, far, int(rng.integers(1, cnt2.sum())), True
     yield "need = every key", cnt, s, int(cnt.sum()), True
 
 

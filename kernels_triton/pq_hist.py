@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
-from pq_select import INTERPRETED, _nearest, _rank_score, _store_lut
+from pq_select import INTERPRETED, RANK_LIN, _nearest, _rank_score, _store_lut
 
 #: the threshold rounds' bins per level and levels (``FIXED``'s ``NB``, ``LEVELS``)
 ROUND_BINS = 1024
@@ -483,6 +483,24 @@ def _lvl_store(base, i, v):
 
 
 @triton.jit
+def _near_tie(lo, hi):
+    """Whether the scores of any two ranks (``_rank_score``) in ``[lo, hi]`` lie within half
+    the spec's tolerance, ``5e-5 (1 + |score|)``, of each other: keys of such scores are
+    near-ties, which a threshold may take in position order (``_rounds``, ``pq_range``'s
+    rounds), the other half of the tolerance left to the f32 scores' rounding. Up to
+    ``RANK_LIN`` in magnitude a
+    rank is its score: ``hi - lo <= 5e-5 (1 + min(|lo|, |hi|))``. Past it
+    (``_rank_score``) a rank step of ``w`` is ``w * 2^16`` ulps of a score ``|s| >= 2^e``
+    whose ulp is ``2^(e - 23)``: a relative change of at most ``w / 128``, so there (and for
+    a range reaching past it) ``hi - lo <= 128 * 5e-5``. (The linear rule alone would let
+    a range of ranks past ``RANK_LIN`` be 0.82 wide: scores up to 0.6 % apart, where
+    queries and centroids share a large component.)"""
+    w = hi - lo
+    lin = tl.maximum(tl.abs(lo), tl.abs(hi)) <= RANK_LIN
+    return tl.where(lin, w <= 5e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi))), w <= 128.0 * 5e-5)
+
+
+@triton.jit
 def _rounds(cnt, s, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constexpr):
     """The threshold on the combinations (``cnt`` keys of score ``s`` each): up to LEVELS
     rounds of an NB-bin histogram over the score range still in play, each keeping the
@@ -492,8 +510,12 @@ def _rounds(cnt, s, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constex
     below ``_top_cut`` are out of play from the start, and the cut gives the first
     round's range. Per round: the atomics, a barrier, one scan, one two-way reduction for
     the bin and one three-way reduction for the next round's range and the sure bound; a
-    round whose range holds one score is skipped, with no reduction (the range is
-    already known). The bins are ``LEVELS * NB`` i32 of the CTA's shared memory
+    round whose range holds one score, or only near-ties (``_near_tie``), is skipped, with
+    no reduction (the range is already known). A round costs ~2.5 us of a row's chain,
+    and a launch lasts as long as its slowest row: at the practical (2, 6) shape most rows
+    resolve in two rounds, and the few whose second round left two combinations of
+    near-equal scores took a third (8.7-9.0 us of rounds against 6.1-6.7; NOTES.md, "the
+    threshold rounds stop at near-ties"). The bins are ``LEVELS * NB`` i32 of the CTA's shared memory
     (``_lvl_smem``, zeroed first): shared atomics, a barrier and shared loads, no global
     round trip. Triton's interpreter runs no PTX: there each round's bins are 31
     ``tl.histogram`` s of the combinations' bins, one per bit of their counts (the same
@@ -511,7 +533,9 @@ def _rounds(cnt, s, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constex
     alive = alive & (s >= lo)
     t_sure = tl.full([], float("inf"), tl.float32)
     for lv in tl.static_range(LEVELS):
-        if slo < shi:  # else every remaining combination has one score: done
+        # else every remaining combination has one score, or their scores are near-ties
+        # (taken in position order): done
+        if (slo < shi) & (not _near_tie(slo, shi)):
             t = tl.maximum((s - slo) / (shi - slo) * NB, 0.0)
             bn = tl.minimum(t.to(tl.int32), NB - 1)
             if INTERPRETED:

@@ -16,16 +16,20 @@ b)`` of ranks that holds the ``need``-th largest candidate still to place:
   search over the floats (``_edge``: the lowest rank in bin ``d`` and the lowest in
   ``d + 1``, galloping from an estimate), so the bin is exactly the keys ``lo <= x <
   hi`` and ``pq_emit``'s comparisons select the same keys;
-* the row is resolved when that bin holds one value, or is no wider than ``5e-5 (1 +
-  |x|)`` (half the spec's tolerance ``1e-4 (1 + |score|)``: the keys in it are near-ties,
-  taken in position order); else the next round bins ``[lo, hi)``.
+* the row is resolved when that bin holds one value, or when its keys' scores are within
+  half the spec's tolerance ``1e-4 (1 + |score|)`` of each other (``_near_tie``: the
+  keys in it are near-ties, taken in position order); else the next round bins ``[lo,
+  hi)``. Ranks are the scores up to ``RANK_LIN`` in magnitude, so there the bin may be
+  ``5e-5 (1 + |x|)`` wide; past it one rank is ``2^16`` ulps of the score
+  (``_rank_score``), a relative ``1 / 128`` at most, so there it may be ``128 * 5e-5``
+  ranks wide.
 
 Then ``pq_emit`` gets the split path's class bounds: ``t_sure = hi`` (every candidate at
 or above it is taken), ``t_maybe = lo``, ``need`` (candidates in ``[lo, hi)`` taken in
 position order while fewer than ``need`` are). Rounds have ``NB = 2048`` bins; two narrow
 a range by 2^22, which resolves every row whose scores span less than about ``200 (1 +
 |x|)`` (the usual case), and ranks span at most 2^17, so the third always resolves
-(2^-16, under ``5e-5``).
+(2^-16 ranks, under ``128 * 5e-5``).
 
 ``pq_rsel_kernel``, grid ``(CLUSTER, B*H)``, launched in clusters of ``CLUSTER`` CTAs (8 on
 sm_90; sm_80 has no clusters and runs one CTA a row): row ``r``'s cluster writes the
@@ -72,7 +76,8 @@ import triton.language as tl
 
 from kspec import Kernel, grid, i32, i64, ptr, single
 from pq_select import INTERPRETED, RANK_INF, RANK_NAN, _block_nearest, _lut_tile, _rank_score, _row_dots
-from pq_hist import LVL_WORDS, _lvl_add, _lvl_read, _lvl_smem, _lvl_store, _red_max_max, _row_ids, _row_sizes
+from pq_hist import (LVL_WORDS, _lvl_add, _lvl_read, _lvl_smem, _lvl_store, _near_tie, _red_max_max, _row_ids,
+                     _row_sizes)
 from pq_split import _part_scores
 
 #: the class bounds of a row with nothing to pick: above every rank (|rank| <= 32768)
@@ -322,13 +327,13 @@ def _bin_bounds(d, above, a, b, need, NB: tl.constexpr):
     candidate (counting from the top; ``above`` of them in the bins above it): its exact
     rank bounds ``lo <= x < hi`` (the lowest ranks in bins ``>= d`` and ``>= d + 1``,
     ``_edge``), the candidates still wanted from it, and whether the row is resolved there
-    (the bin one value, or no wider than ``5e-5 (1 + |x|)``)."""
+    (the bin one value, or its keys near-ties: ``_near_tie``)."""
     sc = NB / (b - a)
     x0 = _edge(a, b, sc, tl.maximum(d, 1), NB)
     x1 = _edge(a, b, sc, tl.minimum(d + 1, NB - 1), NB)
     lo = tl.where(d == 0, a, x0)
     hi = tl.where(d == NB - 1, b, x1)
-    done = (_next_up(lo) >= hi) | ((hi - lo) <= 5e-5 * (1.0 + tl.minimum(tl.abs(lo), tl.abs(hi))))
+    done = (_next_up(lo) >= hi) | _near_tie(lo, hi)
     return lo, hi, need - above, done
 
 
