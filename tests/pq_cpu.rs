@@ -1596,3 +1596,63 @@ fn checker_ranks_nan_scores_last() {
         }
     }
 }
+
+/// Exact mode on a candidate that quantized a new key to the other side of a distance tie
+/// (accepted as a near-tie code): its heavy set follows its own codes, so the exact check
+/// compares with the reference run on those codes. Key 2 lies halfway between centroids
+/// (1, 0, 0, 0) and (-1, 0, 0, 0); the reference takes code 0 (score 1, the only heavy
+/// pick), the candidate code 1 (score -1, tied with every other candidate, so the lowest
+/// position is picked). A candidate with another heavy pick on the same codes still
+/// fails the exact check (it passes the spec's rule: the scores tie).
+#[test]
+fn exact_check_follows_the_candidates_near_tie_codes() {
+    let c = PqConfig {
+        sink_size: Size::Count(0),
+        window_size: Size::Count(1),
+        heavy_size: Size::Count(1),
+        init_offset: 0,
+        pq_group_factor: 1,
+        pq_bits: 1,
+        ..PqConfig::reference_workload()
+    };
+    let shape = Shape {
+        b: 1,
+        h: 1,
+        h_kv: 1,
+        s: 6,
+        d: 4,
+    };
+    let at = |v: f32| [v, 0.0, 0.0, 0.0];
+    let x = PqInputs {
+        shape,
+        query: at(1.0).to_vec(),
+        key: [at(-3.0), at(-3.0), at(0.0), at(-3.0), at(-3.0), at(3.0)].concat(),
+        centroids: [at(1.0), at(-1.0)].concat(),
+        codes: vec![],
+        n_cached: 0,
+        phi: None,
+    };
+    let reference = step(&c, &x).unwrap();
+    assert_eq!(reference.codes, vec![1, 1, 0, 1, 1, 0]);
+    assert_eq!(reference.row(0, 0), &[2, 5]);
+    let on_other_code = PqInputs {
+        codes: vec![1, 1, 1, 1, 1, 0],
+        n_cached: 6,
+        ..x.clone()
+    };
+    let candidate = step(&c, &on_other_code).unwrap();
+    assert_eq!(candidate.row(0, 0), &[0, 5]);
+    let report = check_exact(&c, &x, &candidate);
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.near_tie_codes, 1, "{report}");
+    // another tied pick on the candidate's own codes: the spec's rule holds, exact fails
+    let mut other = candidate.clone();
+    other.sparse_list = vec![1, 5];
+    other.weight_list = vec![0.0, 1.0, 0.0, 0.0, 0.0, 1.0];
+    assert!(check(&c, &x, &other).passed());
+    let report = check_exact(&c, &x, &other);
+    assert!(
+        !report.passed(),
+        "a heavy pick other than the reference's on the same codes"
+    );
+}

@@ -20,7 +20,10 @@
 //!   `max(d_ref, d_cand, |x|^2 + |c|^2)` (augmented vectors under ip).
 //!
 //! [`CheckMode::Exact`] also requires each row's heavy set to equal the reference's (for
-//! well-separated inputs such as [`super::PqInputs::small_integer`]).
+//! well-separated inputs such as [`super::PqInputs::small_integer`]), the reference run on
+//! the candidate's own codes where it took another code at a near-tie (its heavy set
+//! follows the codes it scores with: under metric ip, or new keys halfway between two
+//! centroids, a new key's code may differ without error).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -397,19 +400,36 @@ pub fn check_with(
         &ref_codes
     };
 
-    // Exact mode needs the reference's heavy sets.
+    // Exact mode needs the reference's heavy sets, on the codes the scores come from:
+    // where the candidate quantized a new key to another code at a near-tie (accepted
+    // above), the heavy sets follow its codes, so the reference runs again on them (its
+    // own step, or the one given, would score that key by another code).
     let computed_ref;
+    let codes_differ = codes_usable && report.near_tie_codes > 0;
     let reference = match (opts.mode, opts.reference) {
-        (CheckMode::Exact, None) if long => match step(cfg, inputs) {
-            Ok(r) => {
-                computed_ref = r;
-                Some(&computed_ref)
+        (CheckMode::Exact, r) if long && (r.is_none() || codes_differ) => {
+            let on_codes;
+            let base = if codes_differ {
+                on_codes = PqInputs {
+                    codes: candidate.codes.clone(),
+                    n_cached: n,
+                    ..inputs.clone()
+                };
+                &on_codes
+            } else {
+                inputs
+            };
+            match step(cfg, base) {
+                Ok(r) => {
+                    computed_ref = r;
+                    Some(&computed_ref)
+                }
+                Err(e) => {
+                    report.push(Violation::inputs(e), max_listed);
+                    return report;
+                }
             }
-            Err(e) => {
-                report.push(Violation::inputs(e), max_listed);
-                return report;
-            }
-        },
+        }
         (CheckMode::Exact, r) => r,
         (CheckMode::Spec, _) => None,
     };
