@@ -3,8 +3,10 @@
 //! `D`, `M` (a divisor of `D`, 1..8), bits 1..8, the query/key and weight dtypes, the
 //! metric, `B`, `H_kv`, the GQA group, `S` (short sequences included), sink, window and
 //! heavy (counts or ratios of `S`, heavy from 0 to past `n`), `init_offset` and how many
-//! keys are new (one, a few, or every one), then runs the step under `Auto` and under
-//! every path a caller can force. Each run poisons its outputs, must pass the spec's rule
+//! keys are new (one, a few, or every one) and, on random inputs, whether the queries are
+//! scaled by 1024 or queries and centroids share a large component (scores far from zero,
+//! past the ranks' linear range), then runs the step under `Auto` and under every path a
+//! caller can force. Each run poisons its outputs, must pass the spec's rule
 //! (exactly on well-separated inputs, every other case) and give a bit-identical graph
 //! replay; a forced path may be refused only where the chunked kernel has no top-k width
 //! for the heavy size, and the error must name `heavy_size`. Ragged batches of such
@@ -98,6 +100,39 @@ fn draw(rng: &mut impl Rng, i: usize) -> (PqConfig, Shape, usize, bool) {
     (cfg, shape, n - new, i % 2 == 1)
 }
 
+/// How a random case's inputs are reshaped (well-separated cases are left as drawn).
+#[derive(Debug, Clone, Copy)]
+enum Distort {
+    /// Standard normal, as drawn.
+    None,
+    /// Queries scaled by 1024 (exact in every dtype): scores in the tens of thousands,
+    /// past the ranks' linear range (16384).
+    Scaled,
+    /// Queries and centroids sharing a large component (the first coordinate of each
+    /// query subvector 64, of each centroid 300 +- 40): every score far from zero
+    /// within some percent.
+    Offset,
+}
+
+fn distort(rng: &mut impl Rng, cfg: &PqConfig, x: &mut PqInputs, exact: bool) -> Distort {
+    if exact {
+        return Distort::None;
+    }
+    let how = [Distort::None, Distort::Scaled, Distort::Offset][rng.random_range(0..3)];
+    let (ds, dc) = (cfg.d_sub(x.shape.d), cfg.d_c(x.shape.d));
+    match how {
+        Distort::None => {}
+        Distort::Scaled => x.query.iter_mut().for_each(|v| *v *= 1024.0),
+        Distort::Offset => {
+            x.query.chunks_mut(ds).for_each(|q| q[0] = 64.0);
+            for c in x.centroids.chunks_mut(dc) {
+                c[0] = 300.0 + rng.random_range(-40.0f32..40.0);
+            }
+        }
+    }
+    how
+}
+
 fn describe(cfg: &PqConfig, shape: &Shape, n_cached: usize, exact: bool) -> String {
     format!(
         "B={} H={} H_kv={} S={} D={} M={} bits={} {}/{} {} sink {:?} window {:?} heavy {:?} \
@@ -131,13 +166,14 @@ fn gpu_random_configs_on_every_path() {
     let mut failures = Vec::new();
     for i in 0..CASES {
         let (cfg, shape, n_cached, exact) = draw(&mut rng, i);
-        let what = describe(&cfg, &shape, n_cached, exact);
-        let x = if exact {
+        let mut what = describe(&cfg, &shape, n_cached, exact);
+        let mut x = if exact {
             PqInputs::small_integer(&cfg, shape, n_cached, seed.wrapping_add(i as u64))
         } else {
             PqInputs::random(&cfg, shape, n_cached, seed.wrapping_add(i as u64))
         }
         .unwrap_or_else(|e| panic!("inputs for {what}: {e}"));
+        what += &format!(" {:?}", distort(&mut rng, &cfg, &mut x, exact));
         for &path in &paths {
             let ran = execute_with_path(
                 &rt,
@@ -241,12 +277,13 @@ fn gpu_random_ragged_batches_on_every_path() {
             "{} lens {lens:?} n_cached {ncs:?}",
             describe(&cfg, &shape, n_max, exact)
         );
-        let x = if exact {
+        let mut x = if exact {
             PqInputs::small_integer(&cfg, shape, n_max, seed.wrapping_add(i as u64))
         } else {
             PqInputs::random(&cfg, shape, n_max, seed.wrapping_add(i as u64))
         }
         .unwrap_or_else(|e| panic!("inputs for {what}: {e}"));
+        let what = format!("{what} {:?}", distort(&mut rng, &cfg, &mut x, exact));
         let l: Vec<i64> = lens.iter().map(|&v| v as i64).collect();
         let n: Vec<i64> = ncs.iter().map(|&v| v as i64).collect();
         let rx = RaggedInputs::new(&cfg, x, &l, Some(&n))
