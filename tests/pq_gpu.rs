@@ -22,6 +22,8 @@ use tritonrt::pq::{
 };
 use tritonrt::runtime::Runtime;
 
+use common::inputs_for;
+
 fn runtime() -> Option<Arc<Runtime>> {
     common::gpu_runtime("GPU pipeline tests")
 }
@@ -1085,17 +1087,6 @@ impl Tally {
         );
         assert!(self.failures.is_empty(), "failed: {:?}", self.failures);
     }
-}
-
-/// Inputs of `cfg` at `shape` with `n_cached` codes: well-separated small integers where
-/// `exact` (their heavy sets are checked exactly), else standard normal.
-fn inputs_for(cfg: &PqConfig, shape: Shape, n_cached: usize, exact: bool, seed: u64) -> PqInputs {
-    if exact {
-        PqInputs::small_integer(cfg, shape, n_cached, seed)
-    } else {
-        PqInputs::random(cfg, shape, n_cached, seed)
-    }
-    .expect("inputs")
 }
 
 /// One step of `cfg` on `x` under `path`, plain and as a graph, checked by the spec's rule

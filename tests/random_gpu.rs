@@ -167,12 +167,7 @@ fn gpu_random_configs_on_every_path() {
     for i in 0..CASES {
         let (cfg, shape, n_cached, exact) = draw(&mut rng, i);
         let mut what = describe(&cfg, &shape, n_cached, exact);
-        let mut x = if exact {
-            PqInputs::small_integer(&cfg, shape, n_cached, seed.wrapping_add(i as u64))
-        } else {
-            PqInputs::random(&cfg, shape, n_cached, seed.wrapping_add(i as u64))
-        }
-        .unwrap_or_else(|e| panic!("inputs for {what}: {e}"));
+        let mut x = common::inputs_for(&cfg, shape, n_cached, exact, seed.wrapping_add(i as u64));
         what += &format!(" {:?}", distort(&mut rng, &cfg, &mut x, exact));
         for &path in &paths {
             let ran = execute_with_path(
@@ -277,12 +272,7 @@ fn gpu_random_ragged_batches_on_every_path() {
             "{} lens {lens:?} n_cached {ncs:?}",
             describe(&cfg, &shape, n_max, exact)
         );
-        let mut x = if exact {
-            PqInputs::small_integer(&cfg, shape, n_max, seed.wrapping_add(i as u64))
-        } else {
-            PqInputs::random(&cfg, shape, n_max, seed.wrapping_add(i as u64))
-        }
-        .unwrap_or_else(|e| panic!("inputs for {what}: {e}"));
+        let mut x = common::inputs_for(&cfg, shape, n_max, exact, seed.wrapping_add(i as u64));
         let what = format!("{what} {:?}", distort(&mut rng, &cfg, &mut x, exact));
         let l: Vec<i64> = lens.iter().map(|&v| v as i64).collect();
         let n: Vec<i64> = ncs.iter().map(|&v| v as i64).collect();

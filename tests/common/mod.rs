@@ -98,3 +98,22 @@ pub fn tritonrt(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Inputs of `cfg` at `shape` with `n_cached` codes: well-separated small integers where
+/// `exact` (their heavy sets are checked exactly), else standard normal.
+#[allow(dead_code)] // only the GPU pipeline tests draw step inputs this way
+pub fn inputs_for(
+    cfg: &tritonrt::pq::PqConfig,
+    shape: tritonrt::pq::Shape,
+    n_cached: usize,
+    exact: bool,
+    seed: u64,
+) -> tritonrt::pq::PqInputs {
+    use tritonrt::pq::PqInputs;
+    if exact {
+        PqInputs::small_integer(cfg, shape, n_cached, seed)
+    } else {
+        PqInputs::random(cfg, shape, n_cached, seed)
+    }
+    .unwrap_or_else(|e| panic!("inputs of {cfg} at {shape:?}: {e}"))
+}
