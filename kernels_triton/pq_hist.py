@@ -488,12 +488,11 @@ def _near_tie(lo, hi):
     the spec's tolerance, ``5e-5 (1 + |score|)``, of each other: keys of such scores are
     near-ties, which a threshold may take in position order (``_rounds``, ``pq_range``'s
     rounds), the other half of the tolerance left to the f32 scores' rounding. Up to
-    ``RANK_LIN`` in magnitude a
-    rank is its score: ``hi - lo <= 5e-5 (1 + min(|lo|, |hi|))``. Past it
-    (``_rank_score``) a rank step of ``w`` is ``w * 2^16`` ulps of a score ``|s| >= 2^e``
-    whose ulp is ``2^(e - 23)``: a relative change of at most ``w / 128``, so there (and for
-    a range reaching past it) ``hi - lo <= 128 * 5e-5``. (The linear rule alone would let
-    a range of ranks past ``RANK_LIN`` be 0.82 wide: scores up to 0.6 % apart, where
+    ``RANK_LIN`` in magnitude a rank is its score: ``hi - lo <= 5e-5 (1 + min(|lo|,
+    |hi|))``. Past it a rank step of ``w`` is ``w * 2^16`` ulps of a score ``|s| >= 2^e``
+    whose ulp is ``2^(e - 23)``: a relative change of at most ``w / 128``, so there (and
+    for a range reaching past it) ``hi - lo <= 128 * 5e-5``. (The linear rule alone would
+    let a range of ranks past ``RANK_LIN`` be 0.82 wide: scores up to 0.6 % apart, where
     queries and centroids share a large component.)"""
     w = hi - lo
     lin = tl.maximum(tl.abs(lo), tl.abs(hi)) <= RANK_LIN
@@ -515,9 +514,9 @@ def _rounds(cnt, s, need, NC: tl.constexpr, NB: tl.constexpr, LEVELS: tl.constex
     and a launch lasts as long as its slowest row: at the practical (2, 6) shape most rows
     resolve in two rounds, and the few whose second round left two combinations of
     near-equal scores took a third (8.7-9.0 us of rounds against 6.1-6.7; NOTES.md, "the
-    threshold rounds stop at near-ties"). The bins are ``LEVELS * NB`` i32 of the CTA's shared memory
-    (``_lvl_smem``, zeroed first): shared atomics, a barrier and shared loads, no global
-    round trip. Triton's interpreter runs no PTX: there each round's bins are 31
+    threshold rounds stop at near-ties"). The bins are ``LEVELS * NB`` i32 of the CTA's
+    shared memory (``_lvl_smem``, zeroed first): shared atomics, a barrier and shared
+    loads, no global round trip. Triton's interpreter runs no PTX: there each round's bins are 31
     ``tl.histogram`` s of the combinations' bins, one per bit of their counts (the same
     counts)."""
     tl.static_assert(LEVELS * NB <= LVL_WORDS)
