@@ -55,24 +55,7 @@ fn shape(b: usize, s: usize) -> Shape {
 /// An indexer holding `x`'s codebook and codes, each row at its own count, outputs
 /// poisoned, and the inputs on the device (keys from the fewest codes any row holds).
 fn setup(rt: &Arc<Runtime>, c: &PqConfig, x: &RaggedInputs) -> (GpuIndexer, DeviceInputs) {
-    let i = &x.inputs;
-    let stream = rt.device().new_stream().expect("stream");
-    let mut ix = GpuIndexer::new(
-        rt.clone(),
-        stream.clone(),
-        *c,
-        i.shape,
-        &i.centroids,
-        i.phi.as_deref(),
-        &KernelChoice::manifest_defaults(),
-    )
-    .expect("indexer");
-    ix.import_codes(&i.codes, i.n_cached).expect("import");
-    ix.set_row_n_cached(&x.n_cached).expect("row counts");
-    ix.poison_outputs().expect("poison");
-    let first = c.init_offset + x.n_cached.iter().copied().min().unwrap_or(0);
-    let dev = DeviceInputs::upload_from(&stream, i, c, first).expect("upload");
-    (ix, dev)
+    common::ragged_indexer(rt, c, x, None).expect("ragged indexer")
 }
 
 /// [`setup`] with the ragged path forced to `path`.
@@ -82,9 +65,7 @@ fn setup_on(
     x: &RaggedInputs,
     path: RaggedPath,
 ) -> (GpuIndexer, DeviceInputs) {
-    let (mut ix, dev) = setup(rt, c, x);
-    ix.set_ragged_path(Some(path)).expect("force the path");
-    (ix, dev)
+    common::ragged_indexer(rt, c, x, Some(path)).expect("ragged indexer on the forced path")
 }
 
 /// The histogram paths a config takes: indexed (where `pq_index` applies) and split.

@@ -30,6 +30,9 @@ fn runtime() -> Option<Arc<Runtime>> {
 /// Cases drawn (each run on `Auto` and every forced path).
 const CASES: usize = 28;
 
+/// Ragged batches drawn (each run on every ragged path its config takes).
+const RAGGED_CASES: usize = 12;
+
 fn dtype(rng: &mut impl Rng) -> DType {
     [DType::F32, DType::BF16, DType::F16][rng.random_range(0..3)]
 }
@@ -236,7 +239,7 @@ fn gpu_random_configs_on_every_path() {
 #[test]
 fn gpu_random_ragged_batches_on_every_path() {
     use tritonrt::pq::check::{CheckMode, CheckOptions};
-    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, LaunchMode};
+    use tritonrt::pq::gpu::LaunchMode;
     use tritonrt::pq::plan::{hist_built_for, index_built_for};
     use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedPath};
 
@@ -244,7 +247,7 @@ fn gpu_random_ragged_batches_on_every_path() {
     let seed = common::test_seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
     let (mut runs, mut failures) = (0usize, Vec::new());
-    for i in 0..12 {
+    for i in 0..RAGGED_CASES {
         let (cfg, mut shape, _, exact) = draw(&mut rng, i);
         shape.b = rng.random_range(1..=6);
         shape.s = shape.s.max(2);
@@ -296,26 +299,7 @@ fn gpu_random_ragged_batches_on_every_path() {
         for path in paths {
             for mode in [LaunchMode::Launch, LaunchMode::Graph] {
                 let ran = (|| -> Result<bool, String> {
-                    let inp = &rx.inputs;
-                    let stream = rt.device().new_stream().map_err(|e| e.to_string())?;
-                    let mut ix = GpuIndexer::new(
-                        rt.clone(),
-                        stream.clone(),
-                        cfg,
-                        inp.shape,
-                        &inp.centroids,
-                        inp.phi.as_deref(),
-                        &KernelChoice::manifest_defaults(),
-                    )
-                    .map_err(|e| e.to_string())?;
-                    ix.import_codes(&inp.codes, inp.n_cached)
-                        .map_err(|e| e.to_string())?;
-                    ix.set_row_n_cached(&rx.n_cached)
-                        .map_err(|e| e.to_string())?;
-                    ix.set_ragged_path(Some(path)).map_err(|e| e.to_string())?;
-                    ix.poison_outputs().map_err(|e| e.to_string())?;
-                    let first = cfg.init_offset + rx.n_cached.iter().copied().min().unwrap_or(0);
-                    let dev = DeviceInputs::upload_from(&stream, inp, &cfg, first)
+                    let (mut ix, dev) = common::ragged_indexer(&rt, &cfg, &rx, Some(path))
                         .map_err(|e| e.to_string())?;
                     ix.step_ragged(dev.query(), dev.key(), &rx.seq_lens, mode)
                         .map_err(|e| e.to_string())?;
@@ -342,7 +326,7 @@ fn gpu_random_ragged_batches_on_every_path() {
         }
     }
     eprintln!(
-        "{} passed, {} failed over 12 random ragged batches",
+        "{} passed, {} failed over {RAGGED_CASES} random ragged batches",
         runs - failures.len(),
         failures.len()
     );

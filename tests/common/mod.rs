@@ -117,3 +117,39 @@ pub fn inputs_for(
     }
     .unwrap_or_else(|e| panic!("inputs of {cfg} at {shape:?}: {e}"))
 }
+
+/// An indexer on a new stream of `rt` holding the ragged inputs' codebook and codes, each
+/// row at its own count, outputs poisoned, the ragged path forced to `path` where given,
+/// and the inputs on the device (keys from the fewest codes any row holds).
+#[allow(dead_code)] // only the ragged GPU tests build a ragged indexer this way
+pub fn ragged_indexer(
+    rt: &std::sync::Arc<tritonrt::runtime::Runtime>,
+    c: &tritonrt::pq::PqConfig,
+    x: &tritonrt::pq::ragged::RaggedInputs,
+    path: Option<tritonrt::pq::ragged::RaggedPath>,
+) -> tritonrt::Result<(
+    tritonrt::pq::gpu::GpuIndexer,
+    tritonrt::pq::gpu::DeviceInputs,
+)> {
+    use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, KernelChoice};
+    let i = &x.inputs;
+    let stream = rt.device().new_stream()?;
+    let mut ix = GpuIndexer::new(
+        rt.clone(),
+        stream.clone(),
+        *c,
+        i.shape,
+        &i.centroids,
+        i.phi.as_deref(),
+        &KernelChoice::manifest_defaults(),
+    )?;
+    ix.import_codes(&i.codes, i.n_cached)?;
+    ix.set_row_n_cached(&x.n_cached)?;
+    ix.poison_outputs()?;
+    if path.is_some() {
+        ix.set_ragged_path(path)?;
+    }
+    let first = c.init_offset + x.n_cached.iter().copied().min().unwrap_or(0);
+    let dev = DeviceInputs::upload_from(&stream, i, c, first)?;
+    Ok((ix, dev))
+}
