@@ -9,15 +9,16 @@ A probe kernel runs ``_rounds`` on one row of combinations (counts ``cnt``, scor
 ``s``) with a small ``NB`` (16 bins), so that the rounds, not the first cut, decide. The
 cases: random distinct scores, a crowded bin (many distinct scores within one first-round
 bin), tied scores, spans below 2^-100 (subnormal differences), near-ties (scores within
-half the spec's tolerance of each other), scores past ``RANK_LIN`` (16384) a few
-thousandths apart (not near-ties there, where a rank is 2^16 ulps of a score), ``need``
+half the spec's tolerance of each other), scores past ``RANK_LIN`` (16384) about 0.01
+apart (not near-ties there, where a rank is 2^16 ulps of a score), ``need``
 equal to every key (callers pass ``need <= keys``), LEVELS 2 and 3. Each result
 ``(t_sure, t_maybe, need')`` is checked against float64 arithmetic on the same scores:
 the keys scoring ``>= t_sure`` plus ``need'`` make ``need``; the combination holding the
 ``need``-th largest key scores in ``[t_maybe, t_sure)``, which holds at least ``need'``
 keys; where that range holds one score the bounds are exact; and three rounds must leave
-one score or near-ties only (``5e-5 (1 + |score|)`` apart at most) on the random, tied,
-subnormal, near-tie and past-``RANK_LIN`` cases. Exit status 1 on the first mismatch.
+one score or near-ties only (by ``_near_tie``'s rule: ``5e-5 (1 + |score|)`` apart at
+most up to ``RANK_LIN``, ``128 * 5e-5`` past it) on the random, tied, subnormal, near-tie
+and past-``RANK_LIN`` cases. Exit status 1 on the first mismatch.
 """
 
 import argparse
@@ -35,9 +36,11 @@ sys.path.insert(0, HERE)
 
 from interp_check import Arr  # noqa: E402
 from pq_hist import _rounds  # noqa: E402
+from pq_select import RANK_LIN as _RANK_LIN  # noqa: E402
 
 NC = 64
 NB = 16
+RANK_LIN = float(getattr(_RANK_LIN, "value", _RANK_LIN))
 
 
 @triton.jit
@@ -76,8 +79,9 @@ def check(name, cnt, s, need, levels, must_resolve):
         raise AssertionError(f"{msg}: the {want}-th key's score {sk!r} outside [t_maybe, t_sure)")
     in_play = np.unique(s64[maybe_mask])
     resolved = len(in_play) <= 1
-    near = resolved or (np.abs(in_play).max() <= 16384.0
-                        and in_play.max() - in_play.min() <= 5e-5 * (1.0 + np.abs(in_play).min()))
+    # _near_tie's rule on the range in play
+    near = resolved or (in_play.max() - in_play.min() <= (
+        5e-5 * (1.0 + np.abs(in_play).min()) if np.abs(in_play).max() <= RANK_LIN else 128 * 5e-5))
     if must_resolve and not near:
         raise AssertionError(f"{msg}: {len(in_play)} scores still in play, {in_play.max() - in_play.min()!r} apart")
     if resolved:
@@ -108,9 +112,10 @@ def cases(rng):
     # position order without a round
     near = (np.float32(2.0) + rng.permutation(NC).astype(np.float32) * np.float32(1e-6)).astype(np.float32)
     yield "near-ties", cnt2, near, int(rng.integers(1, cnt2.sum())), True
-    # past RANK_LIN: ranks 0.004 apart are scores 3e-5 relative apart, above half the
-    # tolerance, so the rounds must go on to one score (the linear rule would stop at once)
-    far = (np.float32(16500.0) + rng.permutation(NC).astype(np.float32) * np.float32(0.004)).astype(np.float32)
+    # past RANK_LIN: ranks 0.01 apart (5 or 6 ulps at 16500) are scores up to 7.8e-5
+    # relative apart, above half the tolerance (5e-5), so the rounds must go on to one
+    # score; the linear rule would stop at once (the 64 span 0.63 < 5e-5 (1 + 16500))
+    far = (np.float32(16500.0) + rng.permutation(NC).astype(np.float32) * np.float32(0.01)).astype(np.float32)
     yield "past RANK_LIN", cnt2, far, int(rng.integers(1, cnt2.sum())), True
     yield "need = every key", cnt, s, int(cnt.sum()), True
 
