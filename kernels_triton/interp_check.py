@@ -56,7 +56,7 @@ def _dtype(name):
 
 
 _NAMES = {np.float32: "float32", np.float64: "float64", np.int32: "int32", np.int64: "int64", np.uint8: "uint8",
-          np.int8: "int8", np.uint16: "bfloat16", np.float16: "float16"}
+          np.int8: "int8", np.uint16: "bfloat16", np.float16: "float16", np.uint32: "uint32"}
 
 
 class Arr:

@@ -10,7 +10,9 @@ from a strided key tensor (last dimension contiguous). Metric ip extends each ``
 Layouts (the upstream ones where upstream has one):
 centroids f32 ``[G, K, d_c]`` (= ``[B, H_kv, M, K, d_c]``), phi f32 ``[G]``, codes u8
 ``[G, cap]`` (the decode indexer's own state layout ``[B, H_kv, M, cap]``), partial sums
-f32 ``[G, P, K, d_c]`` and counts i32 ``[G, P, K]`` (P: parts per group, one CTA each).
+f32 ``[G, P, K, d_c]`` and counts i32 ``[G, P, K]`` (P: parts per group, one CTA each),
+the key coordinates' ranges u32 ``[G, 2, d_s]`` (``_ord`` keys of ``max_j x_jd`` and of
+``max_j -x_jd``; zeroed by the host; f32 keys only).
 
 The key kernels are compiled assuming the key view's address, its strides, the
 subvector stride ``k_sm`` and ``d_s`` are multiples of 16 elements (vector loads); keys
@@ -20,8 +22,9 @@ that are not are first copied by ``pq_km_pack`` into ``[B, H_kv, n, M, d_pad]`` 
 Kernels, launched in this order by ``src/pq/prefill/gpu.rs`` on one stream:
 
 * ``pq_km_prep``: grid ``(P, G)``. Counts non-finite key values (``bad``, i32, added
-  to) and, metric ip, ``phi[gi] = max ||x_j||^2`` (atomic max of non-negative floats;
-  the host zeroes ``phi`` first).
+  to); f32 keys: the range of every key coordinate (atomic max of ``_ord`` keys); metric
+  ip: ``phi[gi] = max ||x_j||^2`` (atomic max of non-negative floats; the host zeroes
+  ``phi`` first).
 * ``pq_km_init``: grid ``(cdiv(K, BLOCK_K), G)``. ``c_k = x_{idx_k}`` with
   ``idx_k = floor(k * n / K)`` (strided init) or ``idx[gi, k]`` (``use_idx``: random
   init drawn on the host); ip: coordinate ``d_s`` is ``a_{idx_k}``.
@@ -43,8 +46,22 @@ Kernels, launched in this order by ``src/pq/prefill/gpu.rs`` on one stream:
 * ``pq_km_assign`` once more with ``final = 1``: the codes against the final centroids.
 
 Distances: ``||x - c||^2 = ||x||^2 - 2 <x, c> + ||c||^2``; the argmin drops ``||x||^2``
-and takes ``<x, c>`` from ``tl.dot`` with ``tf32x3`` (three TF32 products: about f32
-accuracy on the tensor cores). The member sums are ``onehot^T @ x`` by the same dot
+and takes ``<x, c>`` on the tensor cores at about f32 accuracy (``_dot_keys_cent``). The
+expanded form rounds at the scale of ``||x||^2`` while the spec's rule (a) is absolute
+(``1e-5 (1 + d_c)``), so keys sharing a large component (a coordinate far from 0 in
+every key, as LLM keys' outlier channels are) can get codes off the best distance by
+more than that. f32 keys, whose TF32x3 products carry about 22 bits, are therefore
+centered: ``x' = x - mu``, ``c' = c - mu`` (``_center``), per group and coordinate a value
+inside the coordinate's range ``[lo, hi]`` (from ``pq_km_prep``) with ``mu / 2 <= lo``
+and ``hi <= 2 mu`` (or the same for negative values), so ``x - mu`` is exact (Sterbenz);
+0 where none is (values of both signs, or spanning more than a factor of 4). Uncentered,
+f32 keys offset by 300 missed rule (a) on an H100. 16-bit keys take exact products
+about the origin (``c`` split into three terms of the key type): centering them as well
+(exact in their type by the same rule) cost 19-33 % of the bf16 prefill on an H100, as
+the centered tile goes through registers instead of straight into the dot, so they are
+not centered; bf16 keys offset by 100 pass on an H100, and under the interpreter fp16
+keys offset by 100 (``d_s`` = 16) do not (NOTES.md, "the prefill's assignment at large
+key offsets"). The member sums are ``onehot^T @ x`` by the same dot
 (the one-hot matrix is exact; 16-bit keys are exact in TF32, so there one TF32 product
 suffices). Squared norms use rounded products (``_mul_rn``), so every thread holding a
 copy of a reduced value holds the same bits (ARCHITECTURE.md, "Correct under any CTA
@@ -127,9 +144,10 @@ def pq_km_pack_kernel(src_ptr, dst_ptr, k_sb, k_sh, k_ss, H_kv, M, d_s, d_pad, n
 
 
 @triton.jit
-def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, k_sb, k_sh, k_ss, k_sm, H_kv, M, d_s, n, pos0, per, metric_ip,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Non-finite count and (ip) ``phi[gi] = max_j ||x_j||^2``. Grid ``(P, G)``."""
+def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, rng_ptr, k_sb, k_sh, k_ss, k_sm, H_kv, M, d_s, n, pos0, per,
+                      metric_ip, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Non-finite count, every coordinate's range (``rng``, for ``_center``) and (ip)
+    ``phi[gi] = max_j ||x_j||^2``. Grid ``(P, G)``."""
     p = tl.program_id(0)
     gi = tl.program_id(1)
     b, g, m = _group(gi, H_kv, M)
@@ -152,6 +170,29 @@ def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, k_sb, k_sh, k_ss, k_sm, H_kv, M, 
         tl.atomic_add(bad_ptr, total_bad, sem="relaxed")
     if metric_ip != 0:
         tl.atomic_max(phi_ptr + gi, tl.max(mx, axis=0), sem="relaxed")
+    if k_ptr.dtype.element_ty == tl.float32:
+        _ranges(k_ptr, kbase, rng_ptr, gi, k_ss, k_sm, d_s, j0, j1, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def _ranges(k_ptr, kbase, rng_ptr, gi, k_ss, k_sm, d_s, j0, j1, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Every coordinate's range over keys ``j0 .. j1`` into ``rng`` (``_ord`` keys of the
+    maxima of ``x`` and ``-x``): elementwise maxima over the tiles, then one reduction and
+    one atomic per coordinate (a maximum is the same in any order)."""
+    rbase = rng_ptr + gi.to(tl.int64) * 2 * d_s
+    for d0 in range(0, d_s, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        hi = tl.full([BLOCK_N, BLOCK_D], -float("inf"), tl.float32)
+        nlo = tl.full([BLOCK_N, BLOCK_D], -float("inf"), tl.float32)
+        for t in range(j0, j1, BLOCK_N):
+            offs_j = t + tl.arange(0, BLOCK_N)
+            jmask = offs_j < j1
+            x = _load_sub(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
+            hi = tl.maximum(hi, tl.where(jmask[:, None], x, -float("inf")))
+            nlo = tl.maximum(nlo, tl.where(jmask[:, None], -x, -float("inf")))
+        dmask = offs_d < d_s
+        tl.atomic_max(rbase + offs_d, _ord(tl.max(hi, axis=0)), mask=dmask, sem="relaxed")
+        tl.atomic_max(rbase + d_s + offs_d, _ord(tl.max(nlo, axis=0)), mask=dmask, sem="relaxed")
 
 
 @triton.jit
@@ -179,6 +220,38 @@ def pq_km_init_kernel(k_ptr, cent_ptr, phi_ptr, idx_ptr, k_sb, k_sh, k_ss, k_sm,
         phi = tl.load(phi_ptr + gi)
         a = _aug(k_ptr, kbase, j, kmask, k_ss, k_sm, phi, metric_ip, BLOCK_D)
         tl.store(cent_ptr + gi.to(tl.int64) * K * d_c + offs_k.to(tl.int64) * d_c + d_s, a, mask=kmask)
+
+
+@triton.jit
+def _ord(x):
+    """An f32's u32 key ordered as the floats (``-inf`` above 0, so a zeroed word is
+    below every key): the sign bit set for non-negative values, every bit flipped for
+    negative ones."""
+    b = x.to(tl.uint32, bitcast=True)
+    return tl.where((b >> 31) == 0, b | 0x80000000, b ^ 0xFFFFFFFF)
+
+
+@triton.jit
+def _unord(k):
+    """The f32 of an ``_ord`` key (NaN for the zeroed word: no value seen)."""
+    b = tl.where((k >> 31) != 0, k & 0x7FFFFFFF, k ^ 0xFFFFFFFF)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _center(rng_ptr, gi, d_s, offs_d, KEY_DTYPE: tl.constexpr):
+    """The centering point ``mu`` (f32 ``[len(offs_d)]``, each a value of the key dtype)
+    of coordinates ``offs_d`` of group ``gi``: the coordinate's midpoint rounded to the
+    key dtype where ``x - mu`` is exact for every key (Sterbenz: ``mu / 2 <= x <= 2 mu``,
+    or the negated condition), else 0 (also past ``d_s``)."""
+    base = rng_ptr + gi.to(tl.int64) * 2 * d_s
+    dmask = offs_d < d_s
+    hi = _unord(tl.load(base + offs_d, mask=dmask, other=0))
+    lo = -_unord(tl.load(base + d_s + offs_d, mask=dmask, other=0))
+    mid = (0.5 * lo + 0.5 * hi).to(KEY_DTYPE).to(tl.float32)
+    pos = (lo > 0.0) & (0.5 * mid <= lo) & (hi <= 2.0 * mid)
+    neg = (hi < 0.0) & (0.5 * mid >= hi) & (lo >= 2.0 * mid)
+    return tl.where(dmask & (pos | neg), mid, 0.0)
 
 
 @triton.jit
@@ -213,8 +286,8 @@ def _dot_members(hit, x, acc):
 
 
 @triton.jit
-def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, chg_ptr, done_ptr, k_sb, k_sh,
-                        k_ss, k_sm, H_kv, M, K, d_s, n, pos0, per, cap, P, it, final, metric_ip, BLOCK_N: tl.constexpr,
+def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, chg_ptr, done_ptr, rng_ptr, k_sb,
+                        k_sh, k_ss, k_sm, H_kv, M, K, d_s, n, pos0, per, cap, P, it, final, metric_ip, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, SUM_D: tl.constexpr):
     """Codes of part ``p``'s keys against the current centroids and, unless ``final``,
     how many changed. Where one tile holds every cluster and coordinate (``K <= BLOCK_K``,
@@ -258,6 +331,10 @@ def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, 
                 x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
                 c = tl.load(cgrp + offs_k[:, None] * d_c + offs_d[None, :],
                             mask=kmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
+                if x.dtype == tl.float32:
+                    mu = _center(rng_ptr, gi, d_s, offs_d, x.dtype)
+                    x = x - mu[None, :]  # exact (_center)
+                    c = c - mu[None, :]
                 cn += _mul_rn(c, c)
                 xc = _dot_keys_cent(x, c, xc)
             cnorm = tl.sum(cn, axis=1)
@@ -417,7 +494,8 @@ for _kt in DTYPES:
                variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
     KERNELS.append(
         Kernel(name=f"pq_km_prep.k_{_kt}", fn=pq_km_prep_kernel,
-               args=_key_args(_kt) + (ptr("phi_ptr", "fp32"), ptr("bad_ptr", "i32")) + _strides() +
+               args=_key_args(_kt) + (ptr("phi_ptr", "fp32"), ptr("bad_ptr", "i32"), ptr("rng_ptr", "u32")) +
+               _strides() +
                (i32("H_kv"), i32("M"), i32("d_s"), i32("n"), i32("pos0"), i32("per"), i32("metric_ip")),
                fixed={"BLOCK_N": 64, "BLOCK_D": 32},
                variants={80: single({}, 4, 1), 90: single({}, 4, 1)}))
@@ -432,7 +510,7 @@ for _kt in DTYPES:
         Kernel(name=f"pq_km_assign.k_{_kt}", fn=pq_km_assign_kernel,
                args=_key_args(_kt) + (ptr("cent_ptr", "fp32"), ptr("phi_ptr", "fp32"), ptr("codes_ptr", "u8"),
                                       ptr("part_ptr", "fp32"), ptr("cnt_ptr", "i32"), ptr("chg_ptr", "i32"),
-                                      ptr("done_ptr", "i32")) + _strides() +
+                                      ptr("done_ptr", "i32"), ptr("rng_ptr", "u32")) + _strides() +
                (i32("H_kv"), i32("M"), i32("K"), i32("d_s"), i32("n"), i32("pos0"), i32("per"),
                 i32("cap", div16=True), i32("P"), i32("it"), i32("final"), i32("metric_ip")),
                # one tile of 64 clusters x 64 coordinates: the member sums fuse into the

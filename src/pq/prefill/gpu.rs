@@ -5,14 +5,15 @@
 //!
 //! Launch sequence (one stream, no host synchronization): `pq_km_pack` only where the key
 //! view cannot be read as it is (see [`GpuPrefill::run`]), `pq_km_prep` (non-finite
-//! count, ip: `phi`), `pq_km_init` (strided or host-drawn seeds; a given codebook is
+//! count, f32 keys: every key coordinate's range, ip: `phi`), `pq_km_init` (strided or host-drawn seeds; a given codebook is
 //! copied instead), then `kmeans_iter` times `pq_km_assign` + `pq_km_sums` +
 //! `pq_km_update` (a group that converged skips the rest through its `done` flag; where
 //! one assignment tile holds every cluster and coordinate, `K <= 64` and `d_s <= 64`,
 //! the assignment writes the member sums itself and `pq_km_sums` is not launched), then
 //! a final `pq_km_assign` against the final centroids. Memory: the outputs, plus
 //! per-part sums `f32 [G, P, K, d_c]` with `P` parts per group (`P x G` about the
-//! assignment CTAs the SMs hold at once), plus a packed copy of the keys where one is
+//! assignment CTAs the SMs hold at once), the coordinate ranges `u32 [G, 2, d_s]` (f32
+//! keys' centering point, `pq_kmeans.py`'s `_center`), plus a packed copy of the keys where one is
 //! made, so `O(input + output)`.
 
 use std::sync::Arc;
@@ -252,6 +253,12 @@ impl GpuPrefill {
         let part = stream
             .alloc_zeros::<f32>(groups * parts * k * d_c)
             .map_err(drv("allocating the partial sums"))?;
+        // every key coordinate's range, as order-preserving u32 words (zero: none seen):
+        // the assignment centers f32 keys and the centroids on a point inside it (16-bit
+        // keys leave it untouched)
+        let ranges = stream
+            .alloc_zeros::<u32>(groups * 2 * d_s)
+            .map_err(drv("allocating the coordinate ranges"))?;
         let mut codes: DevBuf<u8> = DevBuf::new();
         codes.ensure(stream, groups * cap)?;
         let idx = match cfg.init {
@@ -318,6 +325,7 @@ impl GpuPrefill {
             ("done_ptr", KernelArg::Buf(buf_i32(&done))),
             ("iters_ptr", KernelArg::Buf(buf_i32(&iters))),
             ("bad_ptr", KernelArg::Buf(buf_i32(&bad))),
+            ("rng_ptr", KernelArg::Buf(DeviceBuf::of(&ranges, stream))),
         ];
         let idx_buf = match &idx {
             Some(i) => buf_i32(i),
@@ -375,7 +383,7 @@ impl GpuPrefill {
             ],
         )?;
         // the scratch is freed in stream order after the work above
-        drop((part, cnt, chg, done, idx, packed));
+        drop((part, ranges, cnt, chg, done, idx, packed));
         Ok(PrefillResult {
             stream: stream.clone(),
             cfg: *cfg,
