@@ -16,7 +16,6 @@ mod common;
 
 use std::sync::Arc;
 
-use tritonrt::pq::check::{CheckMode, CheckOptions};
 use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, KernelChoice, LaunchMode};
 use tritonrt::pq::plan::index_built_for;
 use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedOutput, RaggedPath};
@@ -84,14 +83,7 @@ fn ragged(c: &PqConfig, x: PqInputs, lens: &[usize], ncs: &[usize]) -> RaggedInp
 }
 
 fn assert_checked(c: &PqConfig, x: &RaggedInputs, out: &RaggedOutput, exact: bool, what: &str) {
-    let opts = CheckOptions {
-        mode: if exact {
-            CheckMode::Exact
-        } else {
-            CheckMode::Spec
-        },
-        ..CheckOptions::default()
-    };
+    let opts = common::check_options(exact);
     let report = check_ragged(c, x, out, &opts);
     assert!(report.passed(), "{what}: {report}");
 }

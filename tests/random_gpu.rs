@@ -238,7 +238,6 @@ fn gpu_random_configs_on_every_path() {
 /// CPU reference, exactly on well-separated inputs every other case).
 #[test]
 fn gpu_random_ragged_batches_on_every_path() {
-    use tritonrt::pq::check::{CheckMode, CheckOptions};
     use tritonrt::pq::gpu::LaunchMode;
     use tritonrt::pq::plan::{hist_built_for, index_built_for};
     use tritonrt::pq::ragged::{check_ragged, RaggedInputs, RaggedPath};
@@ -288,14 +287,7 @@ fn gpu_random_ragged_batches_on_every_path() {
         if index_built_for(&cfg) {
             paths.push(RaggedPath::Index);
         }
-        let opts = CheckOptions {
-            mode: if exact {
-                CheckMode::Exact
-            } else {
-                CheckMode::Spec
-            },
-            ..CheckOptions::default()
-        };
+        let opts = common::check_options(exact);
         for path in paths {
             for mode in [LaunchMode::Launch, LaunchMode::Graph] {
                 let ran = (|| -> Result<bool, String> {

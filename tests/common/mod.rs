@@ -153,3 +153,18 @@ pub fn ragged_indexer(
     let dev = DeviceInputs::upload_from(&stream, i, c, first)?;
     Ok((ix, dev))
 }
+
+/// Check options: exact heavy sets where `exact` (well-separated inputs), else the
+/// spec's rule; the other options at their defaults.
+#[allow(dead_code)] // only the ragged GPU checks choose their mode this way
+pub fn check_options<'a>(exact: bool) -> tritonrt::pq::check::CheckOptions<'a> {
+    use tritonrt::pq::check::{CheckMode, CheckOptions};
+    CheckOptions {
+        mode: if exact {
+            CheckMode::Exact
+        } else {
+            CheckMode::Spec
+        },
+        ..CheckOptions::default()
+    }
+}
