@@ -12,8 +12,7 @@ well-separated small-integer inputs codes and centroids exactly equal, phi the m
 squared norm, the iteration counts equal on those inputs, and the non-finite count.
 Strided and given (random) init, euclidean and ip, parts that split a group, K below
 and above the kernels' cluster tile, several partial tiles, keys sharing a large
-component. Exit status 1 on the first
-mismatch.
+component. Exit status 1 on the first mismatch.
 """
 
 import argparse

@@ -60,12 +60,12 @@ about the origin (``c`` split into three terms of the key type): centering them 
 (exact in their type by the same rule) cost 19-33 % of the bf16 prefill on an H100, as
 the centered tile goes through registers instead of straight into the dot, so they are
 not centered; bf16 keys offset by 100 pass on an H100, and under the interpreter fp16
-keys offset by 100 (``d_s`` = 16) do not (NOTES.md, "the prefill's assignment at large
-key offsets"). The member sums are ``onehot^T @ x`` by the same dot
-(the one-hot matrix is exact; 16-bit keys are exact in TF32, so there one TF32 product
-suffices). Squared norms use rounded products (``_mul_rn``), so every thread holding a
-copy of a reduced value holds the same bits (ARCHITECTURE.md, "Correct under any CTA
-schedule", (g)).
+keys offset by 100 (``d_s`` = 16) do not (NOTES.md, "the prefill's f32 keys centered
+before the distances"). The member sums are ``onehot^T @ x`` by the same dot (the one-hot
+matrix is exact; 16-bit keys are exact in TF32, so there one TF32 product suffices).
+Squared norms use rounded products (``_mul_rn``), so every thread holding a copy of a
+reduced value holds the same bits (ARCHITECTURE.md, "Correct under any CTA schedule",
+(g)).
 """
 
 import triton

@@ -444,8 +444,8 @@ fn prefill_packs_keys_it_cannot_read_as_they_are() {
 /// dtype). Distances expanded about the origin round at the scale of `off^2`: f32 keys
 /// (TF32x3 products) missed rule (a) (absolute tolerance `1e-5 (1 + d_c)`) at `off` = 300,
 /// and the assignment now centers them on a point inside each coordinate's range. 16-bit
-/// keys take exact products about the origin and pass at `off` = 100 (their known limit
-/// is further out; ARCHITECTURE.md, "The prefill", known limit).
+/// keys take exact products about the origin and are not centered; bf16 at this shape
+/// passes at `off` = 100 (ARCHITECTURE.md, "Keys far from the origin", the known limit).
 #[test]
 fn prefill_keys_sharing_a_large_component() {
     let Some(rt) = runtime() else { return };

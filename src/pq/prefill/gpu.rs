@@ -5,16 +5,16 @@
 //!
 //! Launch sequence (one stream, no host synchronization): `pq_km_pack` only where the key
 //! view cannot be read as it is (see [`GpuPrefill::run`]), `pq_km_prep` (non-finite
-//! count, f32 keys: every key coordinate's range, ip: `phi`), `pq_km_init` (strided or host-drawn seeds; a given codebook is
-//! copied instead), then `kmeans_iter` times `pq_km_assign` + `pq_km_sums` +
-//! `pq_km_update` (a group that converged skips the rest through its `done` flag; where
-//! one assignment tile holds every cluster and coordinate, `K <= 64` and `d_s <= 64`,
-//! the assignment writes the member sums itself and `pq_km_sums` is not launched), then
-//! a final `pq_km_assign` against the final centroids. Memory: the outputs, plus
-//! per-part sums `f32 [G, P, K, d_c]` with `P` parts per group (`P x G` about the
-//! assignment CTAs the SMs hold at once), the coordinate ranges `u32 [G, 2, d_s]` (f32
-//! keys' centering point, `pq_kmeans.py`'s `_center`), plus a packed copy of the keys where one is
-//! made, so `O(input + output)`.
+//! count, f32 keys: every key coordinate's range, ip: `phi`), `pq_km_init` (strided or
+//! host-drawn seeds; a given codebook is copied instead), then `kmeans_iter` times
+//! `pq_km_assign` + `pq_km_sums` + `pq_km_update` (a group that converged skips the rest
+//! through its `done` flag; where one assignment tile holds every cluster and coordinate,
+//! `K <= 64` and `d_s <= 64`, the assignment writes the member sums itself and
+//! `pq_km_sums` is not launched), then a final `pq_km_assign` against the final
+//! centroids. Memory: the outputs, plus per-part sums `f32 [G, P, K, d_c]` with `P` parts
+//! per group (`P x G` about the assignment CTAs the SMs hold at once), the coordinate
+//! ranges `u32 [G, 2, d_s]` (f32 keys' centering point, `pq_kmeans.py`'s `_center`), plus
+//! a packed copy of the keys where one is made, so `O(input + output)`.
 
 use std::sync::Arc;
 
