@@ -140,26 +140,15 @@ fn run_ragged_gpu(
                 return Ok(None);
             }
         };
-    let x = &rx.inputs;
     let stream = rt.device().new_stream()?;
-    let mut ix = GpuIndexer::new(
-        rt.clone(),
-        stream.clone(),
-        *cfg,
-        x.shape,
-        &x.centroids,
-        x.phi.as_deref(),
-        &KernelChoice::new(),
-    )?;
-    ix.import_codes(&x.codes, x.n_cached)?;
-    ix.set_row_n_cached(&rx.n_cached)?;
+    let mut ix =
+        GpuIndexer::for_ragged(rt.clone(), stream.clone(), *cfg, rx, &KernelChoice::new())?;
     if let Some(p) = a.ragged_path.forced() {
         ix.set_ragged_path(Some(p))
             .context("--ragged-path on this config")?;
     }
     ix.poison_outputs()?;
-    let first = cfg.init_offset + rx.n_cached.iter().copied().min().unwrap_or(0);
-    let dev = DeviceInputs::upload_from(&stream, x, cfg, first)?;
+    let dev = DeviceInputs::upload_ragged(&stream, rx, cfg)?;
     let info = ix
         .step_ragged(dev.query(), dev.key(), &rx.seq_lens, LaunchMode::Launch)
         .context("GPU ragged step")?;

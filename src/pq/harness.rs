@@ -14,6 +14,7 @@ use crate::pq::indexer::{GpuIndexer, LaunchMode};
 use crate::pq::launch::DeviceTensorRef;
 use crate::pq::memory::StateBytes;
 use crate::pq::plan::{SelectPath, StepKind};
+use crate::pq::ragged::RaggedInputs;
 use crate::pq::reference::PqOutput;
 use crate::pq::variants::KernelChoice;
 use crate::pq::workload::PqInputs;
@@ -61,6 +62,19 @@ impl DeviceInputs {
     /// Errors: driver errors (allocation of `B x H_kv x S x D` key elements included).
     pub fn upload(stream: &Arc<CudaStream>, inputs: &PqInputs, cfg: &PqConfig) -> Result<Self> {
         Self::upload_from(stream, inputs, cfg, cfg.init_offset + inputs.n_cached)
+    }
+
+    /// [`DeviceInputs::upload`] for a ragged batch: the key rows from `init_offset +
+    /// min_b N_cached[b]` on, the first any entry reads.
+    ///
+    /// Errors: driver errors.
+    pub fn upload_ragged(
+        stream: &Arc<CudaStream>,
+        x: &RaggedInputs,
+        cfg: &PqConfig,
+    ) -> Result<Self> {
+        let first = cfg.init_offset + x.n_cached.iter().copied().min().unwrap_or(0);
+        Self::upload_from(stream, &x.inputs, cfg, first)
     }
 
     /// [`DeviceInputs::upload`] copying the key rows from position `first` on (a ragged

@@ -66,7 +66,9 @@
 //! i64 [B, H]`, `weight_list [B, H, S_alloc]` (zeros past `S_b`); [`GpuIndexer::download_ragged`]
 //! cuts `sparse_list` to `max_b total_b` as the spec's layout says.
 
-use cudarc::driver::DevicePtr;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr};
 
 use crate::abi::KernelArg;
 use crate::driver::{DevBuf, DeviceBuf};
@@ -76,10 +78,12 @@ use crate::pq::graph::{GraphKey, StepGraph};
 use crate::pq::indexer::{check_tensor, GpuIndexer, LaunchMode};
 use crate::pq::launch::{i32_arg, issue, DeviceTensorRef, Launch};
 use crate::pq::ragged::{
-    plan_ragged, ragged_path, ragged_row_len, ragged_split_parts, RaggedOutput, RaggedPath,
-    RaggedPlan,
+    plan_ragged, ragged_path, ragged_row_len, ragged_split_parts, RaggedInputs, RaggedOutput,
+    RaggedPath, RaggedPlan,
 };
+use crate::pq::variants::KernelChoice;
 use crate::pq::Size;
+use crate::runtime::Runtime;
 
 /// CTAs per (batch, KV head, subvector) that quantize a row's new keys, by default
 /// ([`GpuIndexer::set_ragged_quant_ctas`]): each takes every `NCH`-th new key.
@@ -229,6 +233,36 @@ fn drv(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
 }
 
 impl GpuIndexer {
+    /// An indexer for a ragged batch read from the host: [`GpuIndexer::new`] at
+    /// `x.inputs.shape` (`shape.s` = `S_alloc`) with `x.inputs`' codebook, its cached
+    /// codes imported ([`GpuIndexer::import_codes`], `N = x.inputs.n_cached` per row) and
+    /// each row's `N_cached[b]` set ([`GpuIndexer::set_row_n_cached`]). Synchronous.
+    /// Upload the query and keys with [`crate::pq::harness::DeviceInputs::upload_ragged`].
+    ///
+    /// Errors: as [`GpuIndexer::new`], [`GpuIndexer::import_codes`] and
+    /// [`GpuIndexer::set_row_n_cached`].
+    pub fn for_ragged(
+        rt: Arc<Runtime>,
+        stream: Arc<CudaStream>,
+        cfg: PqConfig,
+        x: &RaggedInputs,
+        choice: &KernelChoice,
+    ) -> Result<Self> {
+        let i = &x.inputs;
+        let mut ix = Self::new(
+            rt,
+            stream,
+            cfg,
+            i.shape,
+            &i.centroids,
+            i.phi.as_deref(),
+            choice,
+        )?;
+        ix.import_codes(&i.codes, i.n_cached)?;
+        ix.set_row_n_cached(&x.n_cached)?;
+        Ok(ix)
+    }
+
     /// `T`: the row length of a ragged step's `sparse_list` on the device, the largest
     /// `total` any length `1..=S_alloc` has ([`ragged_row_len`]).
     pub fn ragged_row_len(&self) -> usize {

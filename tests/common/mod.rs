@@ -132,25 +132,19 @@ pub fn ragged_indexer(
     tritonrt::pq::gpu::DeviceInputs,
 )> {
     use tritonrt::pq::gpu::{DeviceInputs, GpuIndexer, KernelChoice};
-    let i = &x.inputs;
     let stream = rt.device().new_stream()?;
-    let mut ix = GpuIndexer::new(
+    let mut ix = GpuIndexer::for_ragged(
         rt.clone(),
         stream.clone(),
         *c,
-        i.shape,
-        &i.centroids,
-        i.phi.as_deref(),
+        x,
         &KernelChoice::manifest_defaults(),
     )?;
-    ix.import_codes(&i.codes, i.n_cached)?;
-    ix.set_row_n_cached(&x.n_cached)?;
     ix.poison_outputs()?;
     if path.is_some() {
         ix.set_ragged_path(path)?;
     }
-    let first = c.init_offset + x.n_cached.iter().copied().min().unwrap_or(0);
-    let dev = DeviceInputs::upload_from(&stream, i, c, first)?;
+    let dev = DeviceInputs::upload_ragged(&stream, x, c)?;
     Ok((ix, dev))
 }
 
