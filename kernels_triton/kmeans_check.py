@@ -227,6 +227,7 @@ def main():
         # keys sharing a large component: uncentered distances miss rule (a) by up to 0.05
         ("offset 300 euclidean M2 b6", 1, 2, 2000, 32, 2, 6, 8, 4, 0, False, False, 2, 300.0),
         ("offset 300 ip M2 b5", 1, 1, 700, 32, 2, 5, 0, 3, 1, False, False, 2, 300.0),
+        ("fp16 offset 300 euclidean M2 b6", 1, 2, 2000, 32, 2, 6, 8, 4, 0, False, False, 2, 300.0),
     ]
     if args.quick:
         cases = cases[:3]

@@ -12,7 +12,7 @@ centroids f32 ``[G, K, d_c]`` (= ``[B, H_kv, M, K, d_c]``), phi f32 ``[G]``, cod
 ``[G, cap]`` (the decode indexer's own state layout ``[B, H_kv, M, cap]``), partial sums
 f32 ``[G, P, K, d_c]`` and counts i32 ``[G, P, K]`` (P: parts per group, one CTA each),
 the key coordinates' ranges u32 ``[G, 2, d_s]`` (``_ord`` keys of ``max_j x_jd`` and of
-``max_j -x_jd``; zeroed by the host; f32 keys only).
+``max_j -x_jd``; zeroed by the host).
 
 The key kernels are compiled assuming the key view's address, its strides, the
 subvector stride ``k_sm`` and ``d_s`` are multiples of 16 elements (vector loads); keys
@@ -21,10 +21,11 @@ that are not are first copied by ``pq_km_pack`` into ``[B, H_kv, n, M, d_pad]`` 
 
 Kernels, launched in this order by ``src/pq/prefill/gpu.rs`` on one stream:
 
-* ``pq_km_prep``: grid ``(P, G)``. Counts non-finite key values (``bad``, i32, added
-  to); f32 keys: the range of every key coordinate (atomic max of ``_ord`` keys); metric
-  ip: ``phi[gi] = max ||x_j||^2`` (atomic max of non-negative floats; the host zeroes
-  ``phi`` first).
+* ``pq_km_prep``: grid ``(P', G)``, its own parts (``per`` keys each, as many CTAs as
+  are resident at once: a short loop of dependent loads per CTA). One pass over the
+  keys counts non-finite values (``bad``, i32, added to) and takes the range of every
+  key coordinate (atomic max of ``_ord`` keys); metric ip, a second pass: ``phi[gi] =
+  max ||x_j||^2`` (atomic max of non-negative floats; the host zeroes ``phi`` first).
 * ``pq_km_init``: grid ``(cdiv(K, BLOCK_K), G)``. ``c_k = x_{idx_k}`` with
   ``idx_k = floor(k * n / K)`` (strided init) or ``idx[gi, k]`` (``use_idx``: random
   init drawn on the host); ip: coordinate ``d_s`` is ``a_{idx_k}``.
@@ -50,18 +51,18 @@ and takes ``<x, c>`` on the tensor cores at about f32 accuracy (``_dot_keys_cent
 expanded form rounds at the scale of ``||x||^2`` while the spec's rule (a) is absolute
 (``1e-5 (1 + d_c)``), so keys sharing a large component (a coordinate far from 0 in
 every key, as LLM keys' outlier channels are) can get codes off the best distance by
-more than that. f32 keys, whose TF32x3 products carry about 22 bits, are therefore
-centered: ``x' = x - mu``, ``c' = c - mu`` (``_center``), per group and coordinate a value
-inside the coordinate's range ``[lo, hi]`` (from ``pq_km_prep``) with ``mu / 2 <= lo``
-and ``hi <= 2 mu`` (or the same for negative values), so ``x - mu`` is exact (Sterbenz);
-0 where none is (values of both signs, or spanning more than a factor of 4). Uncentered,
-f32 keys offset by 300 missed rule (a) on an H100. 16-bit keys take exact products
-about the origin (``c`` split into three terms of the key type): centering them as well
-(exact in their type by the same rule) cost 19-33 % of the bf16 prefill on an H100, as
-the centered tile goes through registers instead of straight into the dot, so they are
-not centered; bf16 keys offset by 100 pass on an H100, and under the interpreter fp16
-keys offset by 100 (``d_s`` = 16) do not (NOTES.md, "the prefill's f32 keys centered
-before the distances"). The member sums are ``onehot^T @ x`` by the same dot (the one-hot
+more than that (on an H100 uncentered f32 keys offset by 300 did, and bf16 keys offset
+by 1000). So keys are centered: ``x' = x - mu``, ``c' = c - mu`` (``_center``), per group
+and coordinate a value of the key type inside the coordinate's range ``[lo, hi]`` (from
+``pq_km_prep``) with ``mu / 2 <= lo`` and ``hi <= 2 mu`` (or the same for negative
+values), so ``x - mu`` is exact in the key type (Sterbenz); 0 where none is (values of
+both signs, or spanning more than a factor of 4). f32 keys (TF32x3, through registers
+either way) always take the centered loop. 16-bit keys go from the load straight into
+exact products (``c`` split into three terms of the key type) where nothing is
+centered, and a centered tile goes through registers (19-33 % slower on an H100), so a
+group takes the centered loop only where ``_center`` centers one of its coordinates
+(``_any_center``, the same for every tile of the group; NOTES.md, "16-bit prefill keys
+centered where they need it"). The member sums are ``onehot^T @ x`` by the same dot (the one-hot
 matrix is exact; 16-bit keys are exact in TF32, so there one TF32 product suffices).
 Squared norms use rounded products (``_mul_rn``), so every thread holding a copy of a
 reduced value holds the same bits (ARCHITECTURE.md, "Correct under any CTA schedule",
@@ -154,32 +155,32 @@ def pq_km_prep_kernel(k_ptr, phi_ptr, bad_ptr, rng_ptr, k_sb, k_sh, k_ss, k_sm, 
     kbase = b.to(tl.int64) * k_sb + g.to(tl.int64) * k_sh + pos0.to(tl.int64) * k_ss + m * k_sm
     j0 = p * per
     j1 = tl.minimum(n, j0 + per)
-    mx = tl.zeros([BLOCK_N], tl.float32)
-    nbad = tl.zeros([BLOCK_N, BLOCK_D], tl.int32)
-    for t in range(j0, j1, BLOCK_N):
-        offs_j = t + tl.arange(0, BLOCK_N)
-        jmask = offs_j < j1
-        acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        for d0 in range(0, d_s, BLOCK_D):
-            x = _load_sub(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
-            nbad += (tl.abs(x) == float("inf")).to(tl.int32) + (x != x).to(tl.int32)
-            acc += _mul_rn(x, x)
-        mx = tl.maximum(mx, tl.where(jmask, tl.sum(acc, axis=1), 0.0))
-    total_bad = tl.sum(tl.sum(nbad, axis=1), axis=0)
+    # one pass over the keys for the ranges and the non-finite count; ip: one more for
+    # the norms (per key across every coordinate block, so not in the same loop)
+    total_bad = _ranges(k_ptr, kbase, rng_ptr, gi, k_ss, k_sm, d_s, j0, j1, BLOCK_N, BLOCK_D)
     if total_bad > 0:
         tl.atomic_add(bad_ptr, total_bad, sem="relaxed")
     if metric_ip != 0:
+        mx = tl.zeros([BLOCK_N], tl.float32)
+        for t in range(j0, j1, BLOCK_N):
+            offs_j = t + tl.arange(0, BLOCK_N)
+            jmask = offs_j < j1
+            acc = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+            for d0 in range(0, d_s, BLOCK_D):
+                x = _load_sub(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
+                acc += _mul_rn(x, x)
+            mx = tl.maximum(mx, tl.where(jmask, tl.sum(acc, axis=1), 0.0))
         tl.atomic_max(phi_ptr + gi, tl.max(mx, axis=0), sem="relaxed")
-    if k_ptr.dtype.element_ty == tl.float32:
-        _ranges(k_ptr, kbase, rng_ptr, gi, k_ss, k_sm, d_s, j0, j1, BLOCK_N, BLOCK_D)
 
 
 @triton.jit
 def _ranges(k_ptr, kbase, rng_ptr, gi, k_ss, k_sm, d_s, j0, j1, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Every coordinate's range over keys ``j0 .. j1`` into ``rng`` (``_ord`` keys of the
     maxima of ``x`` and ``-x``): elementwise maxima over the tiles, then one reduction and
-    one atomic per coordinate (a maximum is the same in any order)."""
+    one atomic per coordinate (a maximum is the same in any order). Returns how many of
+    the values are non-finite (i32)."""
     rbase = rng_ptr + gi.to(tl.int64) * 2 * d_s
+    nbad = tl.zeros([BLOCK_N, BLOCK_D], tl.int32)
     for d0 in range(0, d_s, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         hi = tl.full([BLOCK_N, BLOCK_D], -float("inf"), tl.float32)
@@ -188,11 +189,13 @@ def _ranges(k_ptr, kbase, rng_ptr, gi, k_ss, k_sm, d_s, j0, j1, BLOCK_N: tl.cons
             offs_j = t + tl.arange(0, BLOCK_N)
             jmask = offs_j < j1
             x = _load_sub(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
+            nbad += (tl.abs(x) == float("inf")).to(tl.int32) + (x != x).to(tl.int32)
             hi = tl.maximum(hi, tl.where(jmask[:, None], x, -float("inf")))
             nlo = tl.maximum(nlo, tl.where(jmask[:, None], -x, -float("inf")))
         dmask = offs_d < d_s
         tl.atomic_max(rbase + offs_d, _ord(tl.max(hi, axis=0)), mask=dmask, sem="relaxed")
         tl.atomic_max(rbase + d_s + offs_d, _ord(tl.max(nlo, axis=0)), mask=dmask, sem="relaxed")
+    return tl.sum(tl.sum(nbad, axis=1), axis=0)
 
 
 @triton.jit
@@ -286,6 +289,56 @@ def _dot_members(hit, x, acc):
 
 
 @triton.jit
+def _nearest(k_ptr, kbase, offs_j, jmask, k_ss, k_sm, cgrp, rng_ptr, gi, K, d_s, d_c, a, metric_ip,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, CENTER: tl.constexpr):
+    """The nearest centroid (lowest k on ties; i32 ``[BLOCK_N]``) of keys ``offs_j``, whose
+    ip augmentation is ``a``: every cluster tile's distances, CENTER: about ``_center``'s
+    point (the tile computed in registers), else about the origin (the loaded tile goes
+    straight into the dot)."""
+    best_d = tl.full([BLOCK_N], float("inf"), tl.float32)
+    best_k = tl.zeros([BLOCK_N], tl.int32)
+    for kb in range(0, K, BLOCK_K):
+        offs_k = kb + tl.arange(0, BLOCK_K)
+        kmask = offs_k < K
+        xc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        cn = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+        for d0 in range(0, d_s, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
+            c = tl.load(cgrp + offs_k[:, None] * d_c + offs_d[None, :],
+                        mask=kmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
+            if CENTER:
+                mu = _center(rng_ptr, gi, d_s, offs_d, x.dtype)
+                x = (x.to(tl.float32) - mu[None, :]).to(x.dtype)  # exact (_center)
+                c = c - mu[None, :]
+            cn += _mul_rn(c, c)
+            xc = _dot_keys_cent(x, c, xc)
+        cnorm = tl.sum(cn, axis=1)
+        if metric_ip != 0:
+            ce = tl.load(cgrp + offs_k * d_c + d_s, mask=kmask, other=0.0)
+            cnorm += _mul_rn(ce, ce)
+            xc += _mul_rn(a[:, None], ce[None, :])
+        dist = cnorm[None, :] - 2.0 * xc
+        dist = tl.where(kmask[None, :], dist, float("inf"))
+        dmin = tl.min(dist, axis=1)
+        kmin = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + kb
+        # strict <: on a tie the earlier tile (lower k) stays; NaN never takes
+        take = dmin < best_d
+        best_k = tl.where(take, kmin, best_k)
+        best_d = tl.where(take, dmin, best_d)
+    return best_k
+
+
+@triton.jit
+def _any_center(rng_ptr, gi, d_s, KEY_DTYPE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Whether ``_center`` centers any coordinate of group ``gi`` (scalar)."""
+    anyc = tl.zeros([BLOCK_D], tl.int32)
+    for d0 in range(0, d_s, BLOCK_D):
+        anyc = tl.maximum(anyc, (_center(rng_ptr, gi, d_s, d0 + tl.arange(0, BLOCK_D), KEY_DTYPE) != 0.0).to(tl.int32))
+    return tl.max(anyc, axis=0) != 0
+
+
+@triton.jit
 def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, chg_ptr, done_ptr, rng_ptr, k_sb,
                         k_sh, k_ss, k_sm, H_kv, M, K, d_s, n, pos0, per, cap, P, it, final, metric_ip, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, SUM_D: tl.constexpr):
@@ -315,41 +368,23 @@ def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, 
     acc = tl.zeros([BLOCK_K, SUM_D], tl.float32)
     cnt = tl.zeros([BLOCK_K], tl.int32)
     asum = tl.zeros([BLOCK_K], tl.float32)
+    # group-uniform: every tile of the group takes the same loop
+    center = _any_center(rng_ptr, gi, d_s, k_ptr.dtype.element_ty, BLOCK_D)
     for t in range(j0, j1, BLOCK_N):
         offs_j = t + tl.arange(0, BLOCK_N)
         jmask = offs_j < j1
         a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, k_sm, phi, metric_ip, BLOCK_D)
-        best_d = tl.full([BLOCK_N], float("inf"), tl.float32)
-        best_k = tl.zeros([BLOCK_N], tl.int32)
-        for kb in range(0, K, BLOCK_K):
-            offs_k = kb + tl.arange(0, BLOCK_K)
-            kmask = offs_k < K
-            xc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-            cn = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
-            for d0 in range(0, d_s, BLOCK_D):
-                offs_d = d0 + tl.arange(0, BLOCK_D)
-                x = _load_raw(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, d0, k_sm, BLOCK_D)
-                c = tl.load(cgrp + offs_k[:, None] * d_c + offs_d[None, :],
-                            mask=kmask[:, None] & (offs_d < d_s)[None, :], other=0.0)
-                if x.dtype == tl.float32:
-                    mu = _center(rng_ptr, gi, d_s, offs_d, x.dtype)
-                    x = x - mu[None, :]  # exact (_center)
-                    c = c - mu[None, :]
-                cn += _mul_rn(c, c)
-                xc = _dot_keys_cent(x, c, xc)
-            cnorm = tl.sum(cn, axis=1)
-            if metric_ip != 0:
-                ce = tl.load(cgrp + offs_k * d_c + d_s, mask=kmask, other=0.0)
-                cnorm += _mul_rn(ce, ce)
-                xc += _mul_rn(a[:, None], ce[None, :])
-            dist = cnorm[None, :] - 2.0 * xc
-            dist = tl.where(kmask[None, :], dist, float("inf"))
-            dmin = tl.min(dist, axis=1)
-            kmin = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + kb
-            # strict <: on a tie the earlier tile (lower k) stays; NaN never takes
-            take = dmin < best_d
-            best_k = tl.where(take, kmin, best_k)
-            best_d = tl.where(take, dmin, best_d)
+        if k_ptr.dtype.element_ty == tl.float32:
+            # f32 keys always take the centered loop (about as fast: TF32x3 goes through
+            # registers either way), so their kernel has one loop
+            best_k = _nearest(k_ptr, kbase, offs_j, jmask, k_ss, k_sm, cgrp, rng_ptr, gi, K, d_s, d_c, a, metric_ip,
+                              BLOCK_N, BLOCK_K, BLOCK_D, True)
+        elif center:
+            best_k = _nearest(k_ptr, kbase, offs_j, jmask, k_ss, k_sm, cgrp, rng_ptr, gi, K, d_s, d_c, a, metric_ip,
+                              BLOCK_N, BLOCK_K, BLOCK_D, True)
+        else:
+            best_k = _nearest(k_ptr, kbase, offs_j, jmask, k_ss, k_sm, cgrp, rng_ptr, gi, K, d_s, d_c, a, metric_ip,
+                              BLOCK_N, BLOCK_K, BLOCK_D, False)
         if final == 0:
             old = tl.load(crow + offs_j, mask=jmask, other=0).to(tl.int32)
             nchg += (jmask & ((old != best_k) | (it == 0))).to(tl.int32)

@@ -441,11 +441,10 @@ fn prefill_packs_keys_it_cannot_read_as_they_are() {
 
 /// Keys that share a large component, as LLM keys' outlier channels do: coordinate 0 of
 /// every subvector offset by `off` and coordinate 1 by `-off / 2` (rounded to the key
-/// dtype). Distances expanded about the origin round at the scale of `off^2`: f32 keys
-/// (TF32x3 products) missed rule (a) (absolute tolerance `1e-5 (1 + d_c)`) at `off` = 300,
-/// and the assignment now centers them on a point inside each coordinate's range. 16-bit
-/// keys take exact products about the origin and are not centered; bf16 at this shape
-/// passes at `off` = 100 (ARCHITECTURE.md, "Keys far from the origin", the known limit).
+/// dtype). Distances expanded about the origin round at the scale of `off^2`: uncentered,
+/// f32 keys (TF32x3 products) missed rule (a) (absolute tolerance `1e-5 (1 + d_c)`) at
+/// `off` = 300 and bf16 keys at `off` = 1000; the assignment centers both on a point
+/// inside each coordinate's range (ARCHITECTURE.md, "Keys far from the origin").
 #[test]
 fn prefill_keys_sharing_a_large_component() {
     let Some(rt) = runtime() else { return };
@@ -459,6 +458,16 @@ fn prefill_keys_sharing_a_large_component() {
         (
             "offset 300 euclidean M2 bits8 fp32",
             cfg(2, 8, Metric::Euclidean, DType::F32, 0),
+            300.0,
+        ),
+        (
+            "offset 1000 euclidean M2 bits8 bf16",
+            cfg(2, 8, Metric::Euclidean, DType::BF16, 0),
+            1000.0,
+        ),
+        (
+            "offset 300 ip M4 bits6 fp16",
+            cfg(4, 6, Metric::Ip, DType::F16, 8),
             300.0,
         ),
     ];

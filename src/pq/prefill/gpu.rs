@@ -4,8 +4,8 @@
 //! [`crate::pq::gpu::GpuIndexer::from_prefill`]).
 //!
 //! Launch sequence (one stream, no host synchronization): `pq_km_pack` only where the key
-//! view cannot be read as it is (see [`GpuPrefill::run`]), `pq_km_prep` (non-finite
-//! count, f32 keys: every key coordinate's range, ip: `phi`), `pq_km_init` (strided or
+//! view cannot be read as it is (see [`GpuPrefill::run`]), `pq_km_prep` (on its own
+//! grid: non-finite count and every key coordinate's range, ip: `phi`), `pq_km_init` (strided or
 //! host-drawn seeds; a given codebook is copied instead), then `kmeans_iter` times
 //! `pq_km_assign` + `pq_km_sums` + `pq_km_update` (a group that converged skips the rest
 //! through its `done` flag; where one assignment tile holds every cluster and coordinate,
@@ -13,7 +13,7 @@
 //! `pq_km_sums` is not launched), then a final `pq_km_assign` against the final
 //! centroids. Memory: the outputs, plus per-part sums `f32 [G, P, K, d_c]` with `P` parts
 //! per group (`P x G` about the assignment CTAs the SMs hold at once), the coordinate
-//! ranges `u32 [G, 2, d_s]` (f32 keys' centering point, `pq_kmeans.py`'s `_center`), plus
+//! ranges `u32 [G, 2, d_s]` (the keys' centering point, `pq_kmeans.py`'s `_center`), plus
 //! a packed copy of the keys where one is made, so `O(input + output)`.
 
 use std::sync::Arc;
@@ -124,6 +124,18 @@ impl GpuPrefill {
     fn parts(&self, n: usize, groups: usize) -> Result<(usize, usize)> {
         let bn = block_n(&self.assign)?;
         let slots = resident_ctas(&self.assign) * self.rt.device().sm_count() as usize;
+        let p = (slots / groups.max(1)).clamp(1, n.div_ceil(bn).max(1));
+        let per = n.div_ceil(p).div_ceil(bn) * bn;
+        Ok((n.div_ceil(per), per))
+    }
+
+    /// Parts per group and keys per part of `pq_km_prep` for `n` keys in `groups` groups:
+    /// as many CTAs as are resident at once (its own residency, not the assignment's), so
+    /// each CTA's loop of dependent loads is short and many run side by side; each part a
+    /// multiple of the prep's `BLOCK_N`.
+    fn prep_parts(&self, n: usize, groups: usize) -> Result<(usize, usize)> {
+        let bn = block_n(&self.prep)?;
+        let slots = resident_ctas(&self.prep) * self.rt.device().sm_count() as usize;
         let p = (slots / groups.max(1)).clamp(1, n.div_ceil(bn).max(1));
         let per = n.div_ceil(p).div_ceil(bn) * bn;
         Ok((n.div_ceil(per), per))
@@ -312,7 +324,6 @@ impl GpuPrefill {
             ("n", i32_arg("n", n)?),
             ("pos0", i32_arg("init_offset", pos0)?),
             ("k_sm", i32_arg("k_sm", k_sm)?),
-            ("per", i32_arg("per", per)?),
             ("cap", i32_arg("cap", cap)?),
             ("P", i32_arg("P", parts)?),
             ("metric_ip", KernelArg::I32(i32::from(ip))),
@@ -345,7 +356,13 @@ impl GpuPrefill {
             // the kernels touch keys `j < n` of each group and the clusters `k < K`.
             kern.launch(stream, grid, &args)
         };
-        launch(&self.prep, [parts as u32, g32, 1], &[])?;
+        let (prep_parts, prep_per) = self.prep_parts(n, groups)?;
+        launch(
+            &self.prep,
+            [prep_parts as u32, g32, 1],
+            &[("per", i32_arg("per", prep_per)?)],
+        )?;
+        let per_arg = ("per", i32_arg("per", per)?);
         if !matches!(cfg.init, KmeansInit::Given) {
             launch(
                 &self.init,
@@ -366,10 +383,14 @@ impl GpuPrefill {
             launch(
                 &self.assign,
                 assign_grid,
-                &[it_arg, ("final", KernelArg::I32(0))],
+                &[it_arg, per_arg, ("final", KernelArg::I32(0))],
             )?;
             if !fused {
-                launch(&self.sums, [parts as u32, k_tiles(&self.sums)?, g32], &[])?;
+                launch(
+                    &self.sums,
+                    [parts as u32, k_tiles(&self.sums)?, g32],
+                    &[per_arg],
+                )?;
             }
             let e_tiles = (k * d_c).div_ceil(constexpr_usize(&self.update, "BLOCK_E")?) as u32;
             launch(&self.update, [e_tiles, g32, 1], &[it_arg])?;
@@ -379,6 +400,7 @@ impl GpuPrefill {
             assign_grid,
             &[
                 ("it", i32_arg("kmeans_iter", cfg.kmeans_iter)?),
+                per_arg,
                 ("final", KernelArg::I32(1)),
             ],
         )?;
