@@ -129,7 +129,7 @@ def ref_group(x, init, iters):
 
 
 def check_case(name, rng, B, H_kv, S, D, M, bits, init_offset, iters, metric_ip, separated, random_init, parts,
-               dtype=np.float32, offset=0.0):
+               dtype=np.float32, offset=0.0, offset_subvectors=None):
     K = 1 << bits
     d_s = D // M
     n = S - init_offset
@@ -155,9 +155,11 @@ def check_case(name, rng, B, H_kv, S, D, M, bits, init_offset, iters, metric_ip,
     else:
         key = rng.standard_normal((B, H_kv, S, D)).astype(np.float32)
         # every key shares a large component (LLM keys' outlier channels): coordinate 0 of
-        # each subvector offset, and one more by a negative half of it
-        key[..., ::d_s] += offset
-        key[..., 1::d_s] -= offset / 2
+        # each subvector (of the first offset_subvectors) offset, and one more by a
+        # negative half of it
+        end = D if offset_subvectors is None else offset_subvectors * d_s
+        key[..., 0:end:d_s] += offset
+        key[..., 1:end:d_s] -= offset / 2
     if dtype == np.float16:
         key = key.astype(np.float16)
     idx = None
@@ -228,13 +230,16 @@ def main():
         ("offset 300 euclidean M2 b6", 1, 2, 2000, 32, 2, 6, 8, 4, 0, False, False, 2, 300.0),
         ("offset 300 ip M2 b5", 1, 1, 700, 32, 2, 5, 0, 3, 1, False, False, 2, 300.0),
         ("fp16 offset 300 euclidean M2 b6", 1, 2, 2000, 32, 2, 6, 8, 4, 0, False, False, 2, 300.0),
+        # only subvector 0 offset: its groups take the centered loop, the others not
+        ("fp16 offset 300 subvector 0 only, ip M2 b5", 1, 2, 1500, 32, 2, 5, 0, 3, 1, False, False, 2, 300.0, 1),
     ]
     if args.quick:
         cases = cases[:3]
     failures = 0
     for c in cases:
         dtype = np.float16 if c[0].startswith("fp16") else np.float32
-        msg = check_case(c[0], rng, *c[1:13], dtype=dtype, offset=c[13] if len(c) > 13 else 0.0)
+        msg = check_case(c[0], rng, *c[1:13], dtype=dtype, offset=c[13] if len(c) > 13 else 0.0,
+                         offset_subvectors=c[14] if len(c) > 14 else None)
         print(("FAIL " + msg) if msg else f"ok   {c[0]}")
         failures += msg is not None
     if failures:

@@ -440,8 +440,9 @@ fn prefill_packs_keys_it_cannot_read_as_they_are() {
 }
 
 /// Keys that share a large component, as LLM keys' outlier channels do: coordinate 0 of
-/// every subvector offset by `off` and coordinate 1 by `-off / 2` (rounded to the key
-/// dtype). Distances expanded about the origin round at the scale of `off^2`: uncentered,
+/// every subvector (or of the first only: its groups take the centered loop, the others
+/// the plain one, in the same launches) offset by `off` and coordinate 1 by `-off / 2`
+/// (rounded to the key dtype). Distances expanded about the origin round at the scale of `off^2`: uncentered,
 /// f32 keys (TF32x3 products) missed rule (a) (absolute tolerance `1e-5 (1 + d_c)`) at
 /// `off` = 300 and bf16 keys at `off` = 1000; the assignment centers both on a point
 /// inside each coordinate's range (ARCHITECTURE.md, "Keys far from the origin").
@@ -454,30 +455,40 @@ fn prefill_keys_sharing_a_large_component() {
             "offset 100 euclidean M2 bits6 bf16",
             cfg(2, 6, Metric::Euclidean, DType::BF16, 16),
             100.0,
+            false,
         ),
         (
             "offset 300 euclidean M2 bits8 fp32",
             cfg(2, 8, Metric::Euclidean, DType::F32, 0),
             300.0,
+            false,
         ),
         (
             "offset 1000 euclidean M2 bits8 bf16",
             cfg(2, 8, Metric::Euclidean, DType::BF16, 0),
             1000.0,
+            false,
+        ),
+        (
+            "offset 1000 in subvector 0 only, euclidean M2 bits6 bf16",
+            cfg(2, 6, Metric::Euclidean, DType::BF16, 0),
+            1000.0,
+            true,
         ),
         (
             "offset 300 ip M4 bits6 fp16",
             cfg(4, 6, Metric::Ip, DType::F16, 8),
             300.0,
+            false,
         ),
     ];
-    for (n, (name, c, off)) in cases.into_iter().enumerate() {
+    for (n, (name, c, off, first_only)) in cases.into_iter().enumerate() {
         let sh = shape(1, 2, 2400, 128);
         let mut inputs = PrefillInputs::random(&c, sh, s0 + 300 + n as u64).expect("inputs");
         let d_s = c.d_sub(sh.d);
         for (i, x) in inputs.key.iter_mut().enumerate() {
             let d = i % sh.d % d_s;
-            if d < 2 {
+            if d < 2 && (!first_only || i % sh.d < d_s) {
                 let add = if d == 0 { off } else { -off / 2.0 };
                 *x = c.input_dtype.round(*x + add);
             }
