@@ -73,12 +73,6 @@ fn resident_ctas(k: &Kernel) -> usize {
     by_regs.min(by_smem).min(64 / warps).clamp(1, 32)
 }
 
-/// Keys per assignment tile (`BLOCK_N` of `pq_km_assign`, which the parts are
-/// multiples of).
-fn block_n(k: &Kernel) -> Result<usize> {
-    constexpr_usize(k, "BLOCK_N")
-}
-
 impl GpuPrefill {
     /// Load the prefill kernels for keys of `cfg.input_dtype` (and the code export
     /// kernel) from `rt`.
@@ -116,26 +110,17 @@ impl GpuPrefill {
         ]
     }
 
-    /// Parts per group `P` and keys per part for `n` keys in `groups` groups: the
-    /// assignment's CTAs (one per part and group) fill the SMs in whole waves, since every
-    /// CTA does the same work and a last partial wave would leave SMs idle (H100: the
-    /// 4-CTAs-per-SM choice left 2.2 waves of work in 3 at H_kv=32; NOTES.md, "the
-    /// prefill on the GPU"). Each part is a multiple of the assignment tile.
-    fn parts(&self, n: usize, groups: usize) -> Result<(usize, usize)> {
-        let bn = block_n(&self.assign)?;
-        let slots = resident_ctas(&self.assign) * self.rt.device().sm_count() as usize;
-        let p = (slots / groups.max(1)).clamp(1, n.div_ceil(bn).max(1));
-        let per = n.div_ceil(p).div_ceil(bn) * bn;
-        Ok((n.div_ceil(per), per))
-    }
-
-    /// Parts per group and keys per part of `pq_km_prep` for `n` keys in `groups` groups:
-    /// as many CTAs as are resident at once (its own residency, not the assignment's), so
-    /// each CTA's loop of dependent loads is short and many run side by side; each part a
-    /// multiple of the prep's `BLOCK_N`.
-    fn prep_parts(&self, n: usize, groups: usize) -> Result<(usize, usize)> {
-        let bn = block_n(&self.prep)?;
-        let slots = resident_ctas(&self.prep) * self.rt.device().sm_count() as usize;
+    /// Parts per group and keys per part with which kernel `kern` (one CTA per part and
+    /// group, looping over the part's keys in tiles of its `BLOCK_N`) takes `n` keys in
+    /// `groups` groups: as many parts as its CTAs the SMs hold at once, each part a
+    /// multiple of the tile. For the assignment (`P`) this fills the SMs in whole waves,
+    /// since every CTA does the same work and a last partial wave would leave SMs idle
+    /// (H100: the 4-CTAs-per-SM choice left 2.2 waves of work in 3 at H_kv=32; NOTES.md,
+    /// "the prefill on the GPU"). `pq_km_prep` takes its own, more parts (its residency,
+    /// not the assignment's), so each CTA's chain of dependent loads is short.
+    fn parts(&self, kern: &Kernel, n: usize, groups: usize) -> Result<(usize, usize)> {
+        let bn = constexpr_usize(kern, "BLOCK_N")?;
+        let slots = resident_ctas(kern) * self.rt.device().sm_count() as usize;
         let p = (slots / groups.max(1)).clamp(1, n.div_ceil(bn).max(1));
         let per = n.div_ceil(p).div_ceil(bn) * bn;
         Ok((n.div_ceil(per), per))
@@ -246,7 +231,7 @@ impl GpuPrefill {
             ));
         }
         let ip = cfg.metric == Metric::Ip;
-        let (parts, per) = self.parts(n, groups)?;
+        let (parts, per) = self.parts(&self.assign, n, groups)?;
         let cap = n.max(16).div_ceil(16) * 16;
         let drv = |what: &'static str| move |e| crate::driver::device::driver_err(what, e);
         let zeros_i32 =
@@ -356,7 +341,7 @@ impl GpuPrefill {
             // the kernels touch keys `j < n` of each group and the clusters `k < K`.
             kern.launch(stream, grid, &args)
         };
-        let (prep_parts, prep_per) = self.prep_parts(n, groups)?;
+        let (prep_parts, prep_per) = self.parts(&self.prep, n, groups)?;
         launch(
             &self.prep,
             [prep_parts as u32, g32, 1],
