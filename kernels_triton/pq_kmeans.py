@@ -368,18 +368,18 @@ def pq_km_assign_kernel(k_ptr, cent_ptr, phi_ptr, codes_ptr, part_ptr, cnt_ptr, 
     acc = tl.zeros([BLOCK_K, SUM_D], tl.float32)
     cnt = tl.zeros([BLOCK_K], tl.int32)
     asum = tl.zeros([BLOCK_K], tl.float32)
-    # group-uniform: every tile of the group takes the same loop
-    center = _any_center(rng_ptr, gi, d_s, k_ptr.dtype.element_ty, BLOCK_D)
+    if k_ptr.dtype.element_ty == tl.float32:
+        # f32 keys always take the centered loop (about as fast: TF32x3 goes through
+        # registers either way), so their kernel has one loop
+        center = True
+    else:
+        # group-uniform: every tile of the group takes the same loop
+        center = _any_center(rng_ptr, gi, d_s, k_ptr.dtype.element_ty, BLOCK_D)
     for t in range(j0, j1, BLOCK_N):
         offs_j = t + tl.arange(0, BLOCK_N)
         jmask = offs_j < j1
         a = _aug(k_ptr, kbase, offs_j.to(tl.int64), jmask, k_ss, k_sm, phi, metric_ip, BLOCK_D)
-        if k_ptr.dtype.element_ty == tl.float32:
-            # f32 keys always take the centered loop (about as fast: TF32x3 goes through
-            # registers either way), so their kernel has one loop
-            best_k = _nearest(k_ptr, kbase, offs_j, jmask, k_ss, k_sm, cgrp, rng_ptr, gi, K, d_s, d_c, a, metric_ip,
-                              BLOCK_N, BLOCK_K, BLOCK_D, True)
-        elif center:
+        if center:
             best_k = _nearest(k_ptr, kbase, offs_j, jmask, k_ss, k_sm, cgrp, rng_ptr, gi, K, d_s, d_c, a, metric_ip,
                               BLOCK_N, BLOCK_K, BLOCK_D, True)
         else:

@@ -251,8 +251,9 @@ impl GpuPrefill {
             .alloc_zeros::<f32>(groups * parts * k * d_c)
             .map_err(drv("allocating the partial sums"))?;
         // every key coordinate's range, as order-preserving u32 words (zero: none seen):
-        // the assignment centers f32 keys and the centroids on a point inside it (16-bit
-        // keys leave it untouched)
+        // the assignment centers the keys and the centroids on a point inside it where
+        // one exists (f32 keys always take the centered loop, 16-bit keys only in the
+        // groups with a coordinate to center)
         let ranges = stream
             .alloc_zeros::<u32>(groups * 2 * d_s)
             .map_err(drv("allocating the coordinate ranges"))?;
