@@ -70,12 +70,12 @@ def to_bf16(x):
     return r, (r.astype(np.uint32) << 16).view(np.float32)
 
 
-def run(rng, dtype, split16, metric_ip, ctas, bits=6):
+def run(rng, dtype, split16, metric_ip, ctas, bits=6, D=64):
     """One state, pq_cprep then one pq_quant launch of ``ctas`` CTAs per row (each
     looping over its key tiles) with the build's ``BLOCK_D`` (64 with ``SPLIT16``: at
     ``K <= 64`` every centroid and coordinate in one block, the one-block loop; 32
     without); returns the number of codes checked."""
-    B, H_kv, M, D, S_alloc = 1, 2, 2, 64, 160
+    B, H_kv, M, S_alloc = 1, 2, 2, 160
     K, d_s = 1 << bits, D // M
     d_c = d_s + metric_ip
     pos0, t0, n_new, cap = 20, 5, 70, 96
@@ -114,7 +114,7 @@ def run(rng, dtype, split16, metric_ip, ctas, bits=6):
                                   H_kv, M, K, d_s, pos0, t0, n_new, cap, metric_ip, BLOCK_N=64, SPLIT16=split16,
                                   BLOCK_D=64 if split16 else 32, num_warps=8, **FIXED)
     got = c_arr.a
-    what = f"{dtype} SPLIT16={split16} metric_ip={metric_ip} K={K} {ctas} CTA(s) per row"
+    what = f"{dtype} SPLIT16={split16} metric_ip={metric_ip} K={K} d_s={d_s} {ctas} CTA(s) per row"
     checked = 0
     for g in range(H_kv):
         for m in range(M):
@@ -153,8 +153,10 @@ def main():
     # n_new = 70 keys are two tiles of 64: one CTA per row loops over both, two take one each
     for dtype, split16, ctas in (("bf16", 1, 1), ("bf16", 1, 2), ("bf16", 0, 1), ("fp32", 0, 2)):
         total += run(rng, dtype, split16, 0, ctas)
-    # K = 128 > BLOCK_C: the split's blocked loop (two centroid blocks)
+    # K = 128 > BLOCK_C: the split's loop over centroid blocks, each key tile loaded once
+    # (d_s = 32 <= BLOCK_D), and the general loop (d_s = 80: two coordinate blocks)
     total += run(rng, "bf16", 1, 0, 2, bits=7)
+    total += run(rng, "bf16", 1, 0, 1, bits=7, D=160)
     print(f"pq_quant interpreter check passed ({total} codes)")
 
 

@@ -48,7 +48,11 @@ Where every centroid and coordinate fits one block (``SPLIT16`` builds, ``BLOCK_
 ``K <= 64``, ``d_s <= 64``, PQCache's (2, 6) at D = 128) the split and norms are loaded
 once per CTA and the key tiles run in a loop of their own (``_quant_one_block``: a load,
 three products and the argmin a tile). H100, 4096 new keys, ``do_bench_cudagraph``
-(NOTES.md, "one block of centroids, one loop of tiles"): 10.7 -> 7.2-7.4 us.
+(NOTES.md, "one block of centroids, one loop of tiles"): 10.7 -> 7.2-7.4 us. Where the
+coordinates fit one block but the centroids take several (``K > 64``: bits 7-8) each key
+tile is loaded once and the centroid blocks run over it (``_quant_key_once``); only
+``d_s > BLOCK_D`` (and the tf32x3 builds) take the general loop (``_quant_tiles``), which
+loads the tile's coordinate blocks again for every centroid block.
 
 Chained after ``pq_wfill`` (sm_90, ``PDL=1``; the indexed step with many new keys,
 ``src/pq/launch.rs``): ``pq_wfill`` (a plain launch) -> ``pq_quant`` (its programmatic
@@ -152,6 +156,15 @@ def pq_quant_kernel(k_ptr, cent_ptr, phi_ptr, prep_ptr, cn_ptr, codes_ptr, k_sb,
                 any_bad = _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh,
                                            k_ss, K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, False, BLOCK_N,
                                            BLOCK_C, BLOCK_D)
+        elif d_s <= BLOCK_D:
+            if metric_ip != 0:
+                any_bad = _quant_key_once(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh,
+                                          k_ss, K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, True, BLOCK_N,
+                                          BLOCK_C, BLOCK_D)
+            else:
+                any_bad = _quant_key_once(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh,
+                                          k_ss, K, d_s, d_c, cbase, pbase, phi, pos0, t0, n_new, cap, False, BLOCK_N,
+                                          BLOCK_C, BLOCK_D)
         else:
             any_bad = _quant_tiles(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s,
                                    d_c, cbase, pbase, phi, pos0, t0, n_new, cap, metric_ip, BLOCK_N, BLOCK_C, BLOCK_D,
@@ -281,6 +294,69 @@ def _quant_one_block(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m,
         dmin, cmin = tl.min(cn[None, :] - 2.0 * acc, axis=1, return_indices=True, return_indices_tie_break_left=True)
         rbad = tl.maximum(rbad, (tmask & ~(tl.abs(dmin) < float("inf"))).to(tl.int32))
         tl.store(codes_ptr + row * cap + t0 + t, cmin.to(tl.uint8), mask=tmask)
+    return tl.maximum(bad, tl.max(rbad, axis=0))
+
+
+@triton.jit
+def _quant_key_once(k_ptr, cent_ptr, prep_ptr, cn_ptr, codes_ptr, row, b, g, m, k_sb, k_sh, k_ss, K, d_s, d_c, cbase,
+                    pbase, phi, pos0, t0, n_new, cap, IP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """``pq_quant_kernel``'s tiles where the coordinates fit one block but the centroids
+    take several (``SPLIT16``, ``d_s <= BLOCK_D``, ``K > BLOCK_C``: PQCache's bits 7-8 at
+    ``D / M <= 64``): the centroid norms tested once per CTA, then per key tile one load
+    of its keys and, per centroid block, three bf16 products against the block's split and
+    one reduction (smallest distance and its index), the running argmin keeping the lower
+    block on a tie. Returns 1 where a key may need the direct form, as
+    ``_quant_one_block``: a key whose smallest expanded distance is not finite, or a
+    centroid norm or (ip) phi not below ``SAFE``. ``IP``: metric ip (constexpr).
+
+    Measured (H100, Triton JIT, ``do_bench_cudagraph``, 4096 new keys, B=1 H_kv=8 D=128,
+    128 keys a tile; NOTES.md, "``pq_quant`` at bits 7-8: the key tile loaded once"):
+    against ``_quant_tile``, which loaded the key tile and summed its squares again for
+    every centroid block, (2, 8) 28.2 -> 21.7 us, (4, 8) 54.4 -> 40.7, (2, 7) 16.1 ->
+    12.8."""
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < d_s
+    bad = 0
+    for cb in range(0, K, BLOCK_C):
+        offs_c = cb + tl.arange(0, BLOCK_C)
+        cn = tl.load(cn_ptr + row * K + offs_c, mask=offs_c < K, other=0.0)
+        bad = tl.maximum(bad, tl.max(((offs_c < K) & ~(cn < SAFE)).to(tl.int32), axis=0))
+    if IP:
+        bad = tl.maximum(bad, (~(phi < SAFE)).to(tl.int32))
+    kb0 = b * k_sb + g * k_sh + m * d_s
+    rbad = tl.zeros([BLOCK_N], tl.int32)
+    for tile in range(tl.program_id(0), tl.cdiv(n_new, BLOCK_N), tl.num_programs(0)):
+        t = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        tmask = t < n_new
+        xk = tl.load(k_ptr + kb0 + (pos0 + t).to(tl.int64)[:, None] * k_ss + offs_d[None, :],
+                     mask=tmask[:, None] & dmask[None, :], other=0.0)
+        if IP:
+            x = xk.to(tl.float32)
+            aug = tl.sqrt(tl.maximum(phi - tl.sum(_mul_rn(x, x), axis=1), 0.0))
+        best_d = tl.full([BLOCK_N], float("inf"), tl.float32)
+        best_c = tl.zeros([BLOCK_N], tl.int32)
+        for cb in range(0, K, BLOCK_C):
+            offs_c = cb + tl.arange(0, BLOCK_C)
+            cmask = offs_c < K
+            cm = dmask[:, None] & cmask[None, :]
+            pb = prep_ptr + pbase + offs_c[None, :] * d_s + offs_d[:, None]
+            acc = tl.dot(xk, tl.load(pb, mask=cm, other=0.0))
+            acc = tl.dot(xk, tl.load(pb + K * d_s, mask=cm, other=0.0), acc)
+            acc = tl.dot(xk, tl.load(pb + 2 * K * d_s, mask=cm, other=0.0), acc)
+            if IP:
+                cl = tl.load(cent_ptr + cbase + offs_c * d_c + d_s, mask=cmask, other=0.0)
+                acc += aug[:, None] * cl[None, :]
+            # centroids past K: norm +inf, so they never win
+            cn = tl.load(cn_ptr + row * K + offs_c, mask=cmask, other=float("inf"))
+            dmin, cmin = tl.min(cn[None, :] - 2.0 * acc, axis=1, return_indices=True,
+                                return_indices_tie_break_left=True)
+            take = dmin < best_d  # strict: on a tie the earlier block (lower c) stays
+            best_c = tl.where(take, cmin.to(tl.int32) + cb, best_c)
+            best_d = tl.where(take, dmin, best_d)
+        # NaN distances never win: a key whose every distance is NaN keeps +inf, flagged
+        rbad = tl.maximum(rbad, (tmask & ~(tl.abs(best_d) < float("inf"))).to(tl.int32))
+        tl.store(codes_ptr + row * cap + t0 + t, best_c.to(tl.uint8), mask=tmask)
     return tl.maximum(bad, tl.max(rbad, axis=0))
 
 
