@@ -2,7 +2,7 @@
 //!
 //! - module load: cold (PTX JIT by the driver + load) vs warm (verified cubin from the
 //!   tritonrt cache + load) vs the manifest's own cubin, per artifact, medians;
-//! - launch + synchronize latency, median (p10, p90) over `--iters` launches (>= 1000),
+//! - launch + synchronize latency, median (p10, p90) over `--iters` launches (default 2000),
 //!   and back-to-back launch throughput, for small and large n;
 //! - the floor under a replayed decode step: a CUDA graph of one or two launches (n =
 //!   4096) replayed and waited for, beside the same launches issued one by one.
@@ -58,21 +58,50 @@ fn opts() -> Opts {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--ptx-cache" => o.ptx_cache = args.next().expect("--ptx-cache DIR").into(),
-            "--iters" => o.iters = args.next().expect("--iters N").parse().expect("integer"),
-            "--load-reps" => {
-                o.load_reps = args
-                    .next()
-                    .expect("--load-reps N")
-                    .parse()
-                    .expect("integer")
-            }
-            "--json" => o.json = Some(args.next().expect("--json FILE").into()),
+            "--ptx-cache" => o.ptx_cache = value(&mut args, "--ptx-cache", "DIR").into(),
+            "--iters" => o.iters = count(&mut args, "--iters"),
+            "--load-reps" => o.load_reps = count(&mut args, "--load-reps"),
+            "--json" => o.json = Some(value(&mut args, "--json", "FILE").into()),
             "--bench" => {} // passed by `cargo bench`
-            other => panic!("unknown argument {other:?}"),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => usage_error(&format!("unknown argument {other:?}")),
         }
     }
     o
+}
+
+const USAGE: &str = "\
+launch latency of the fp32 axpy kernel from Rust (needs a CUDA GPU)
+
+usage: cargo bench --bench launch_latency -- [--ptx-cache DIR] [--iters N] [--load-reps N] [--json FILE]
+
+  --ptx-cache DIR  the ptx_cache holding axpy_kernel (default: $TRITONRT_PTX_CACHE, else tests/fixtures/ptx_cache)
+  --iters N        launches per latency measurement (default 2000)
+  --load-reps N    module loads per load measurement (default 20)
+  --json FILE      also write the results as JSON lines to FILE";
+
+/// Print `msg` and the usage to stderr and exit with status 2.
+fn usage_error(msg: &str) -> ! {
+    eprintln!("error: {msg}\n\n{USAGE}");
+    std::process::exit(2)
+}
+
+/// The value after `flag` (`what` names it in the error when it is missing).
+fn value(args: &mut impl Iterator<Item = String>, flag: &str, what: &str) -> String {
+    args.next()
+        .unwrap_or_else(|| usage_error(&format!("{flag} needs a value ({what})")))
+}
+
+/// The positive integer after `flag`.
+fn count(args: &mut impl Iterator<Item = String>, flag: &str) -> usize {
+    let v = value(args, flag, "N");
+    match v.parse::<usize>() {
+        Ok(n) if n > 0 => n,
+        _ => usage_error(&format!("{flag} takes a positive integer, not {v:?}")),
+    }
 }
 
 /// Median, p10, p90, mean of durations, in microseconds.
