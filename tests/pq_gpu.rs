@@ -1202,6 +1202,72 @@ fn gpu_many_combinations_take_the_radix_select() {
     tally.finish("radix-select split path");
 }
 
+/// The radix select past its rank cache and inside a large tie (`kernels_triton/pq_range.py`,
+/// `RANK_WORDS`): rows whose CTAs hold more candidates than their caches (S = 110000:
+/// 13.7 K a CTA, 6144 cached; the later rounds score the rest again from the codes), and
+/// codes where nine keys in ten share one combination (at heavy 3000 the threshold falls
+/// inside that tie of ~10800 keys, and the rounds must take the tied keys in position
+/// order). Each run passes the spec's rule on the radix-select path, its graph replay
+/// bit-identical to plain launches.
+#[test]
+fn gpu_radix_select_past_the_rank_cache_and_in_a_tie() {
+    let Some(rt) = runtime() else { return };
+    let seed = seed();
+    let mut tally = Tally::default();
+    let cfg = |heavy: usize| PqConfig {
+        heavy_size: Size::Count(heavy),
+        pq_group_factor: 2,
+        pq_bits: 8,
+        input_dtype: DType::BF16,
+        weight_dtype: DType::BF16,
+        ..base()
+    };
+    for (i, (shape, heavy, skewed)) in [
+        (sh(1, 2, 1, 110_000, 64), 1000, false),
+        (sh(1, 2, 1, 110_000, 64), 11_000, false),
+        (sh(1, 4, 2, 12_000, 64), 300, true),
+        (sh(1, 4, 2, 12_000, 64), 3000, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = cfg(heavy);
+        let n_cached = PqInputs::default_n_cached(&c, shape.s);
+        let mut x = inputs_for(
+            &c,
+            shape,
+            n_cached,
+            false,
+            seed.wrapping_add(i as u64 * 7919),
+        );
+        if skewed {
+            // codes [B, n_cached, H_kv, M]: keys t % 10 != 0 all take combination (5, 7)
+            let (h_kv, m) = (shape.h_kv, c.m());
+            for t in (0..x.n_cached).filter(|t| t % 10 != 0) {
+                for b in 0..shape.b {
+                    for g in 0..h_kv {
+                        let at = ((b * x.n_cached + t) * h_kv + g) * m;
+                        x.codes[at] = 5;
+                        x.codes[at + 1] = 7;
+                    }
+                }
+            }
+        }
+        let what = format!(
+            "M=2 bits=8 bf16 H={} H_kv={} S={} heavy {heavy}{}",
+            shape.h,
+            shape.h_kv,
+            shape.s,
+            if skewed { " skewed codes" } else { "" }
+        );
+        let ran = checked_step(&rt, &c, &x, SelectPath::Auto, false, &what, |ex| {
+            ex.range_path
+        });
+        tally.record(what, ran);
+    }
+    tally.finish("radix-select past the rank cache and in a tie");
+}
+
 /// Every code width and subvector count the indexer takes (bits 1..8, M in {1, 2, 3, 4,
 /// 6, 8} at D = 96), query/keys and weights in mixed dtypes, heavy 300 and 1000, and heavy
 /// at `n - 1` and `n` (every candidate and then some, the fill rule): each run passes the
