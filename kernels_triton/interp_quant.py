@@ -6,7 +6,9 @@
 Quantizes the new keys of a small random state (B=1, H_kv=2, M=2, D=64: d_s=32, K=64,
 euclidean, 70 new keys: a full and a masked tile of 64) with each form of the
 product (bf16 keys with ``SPLIT16`` 1 and 0, fp32 keys with tf32x3), with one CTA per
-row looping over both tiles or one CTA per tile, and checks every code
+row looping over both tiles or one CTA per tile, then ``SPLIT16`` at K=128 (two centroid
+blocks) with d_s=32 (each key tile loaded once) and d=160, d_s=80 (the general loop over
+coordinate blocks), and checks every code
 against a float64 argmin by the spec's code rule (``CODE_TOL`` in src/pq/check.rs: the
 chosen centroid's distance within ``1e-5 * (||x||^2 + max ||c||^2)`` of the minimum);
 keys with a NaN or infinite coordinate (a few planted) must get exactly the reference's
@@ -71,10 +73,11 @@ def to_bf16(x):
 
 
 def run(rng, dtype, split16, metric_ip, ctas, bits=6, D=64):
-    """One state, pq_cprep then one pq_quant launch of ``ctas`` CTAs per row (each
-    looping over its key tiles) with the build's ``BLOCK_D`` (64 with ``SPLIT16``: at
-    ``K <= 64`` every centroid and coordinate in one block, the one-block loop; 32
-    without); returns the number of codes checked."""
+    """One state of head dimension ``D`` (``d_s = D / 2``), pq_cprep then one pq_quant
+    launch of ``ctas`` CTAs per row (each looping over its key tiles) with the build's
+    ``BLOCK_D`` (64 with ``SPLIT16``: at ``K <= 64`` and ``d_s <= 64`` every centroid and
+    coordinate in one block, the one-block loop; 32 without); returns the number of codes
+    checked."""
     B, H_kv, M, S_alloc = 1, 2, 2, 160
     K, d_s = 1 << bits, D // M
     d_c = d_s + metric_ip

@@ -1206,8 +1206,8 @@ fn gpu_many_combinations_take_the_radix_select() {
 /// `RANK_WORDS`): rows whose CTAs hold more candidates than their caches (S = 110000:
 /// 13.7 K a CTA, 6144 cached; the later rounds score the rest again from the codes), and
 /// codes where nine keys in ten share one combination (at heavy 3000 the threshold falls
-/// inside that tie of ~10800 keys, and the rounds must take the tied keys in position
-/// order). Each run passes the spec's rule on the radix-select path, its graph replay
+/// inside that tie of ~10800 keys, and the step takes the tied keys in position order).
+/// Each run passes the spec's rule on the radix-select path, its graph replay
 /// bit-identical to plain launches.
 #[test]
 fn gpu_radix_select_past_the_rank_cache_and_in_a_tie() {
