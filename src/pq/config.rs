@@ -628,30 +628,8 @@ impl PqConfig {
             });
         }
         let m = self.pq_group_factor;
-        if m == 0 || !shape.d.is_multiple_of(m) {
-            return Err(Error::PqConfig {
-                field: "pq_group_factor",
-                value: m.to_string(),
-                expected: if m == 0 {
-                    format!("a positive divisor of head_dim D = {}", shape.d)
-                } else {
-                    format!(
-                        "a divisor of head_dim D = {} (D % M = {} % {} = {})",
-                        shape.d,
-                        shape.d,
-                        m,
-                        shape.d % m
-                    )
-                },
-            });
-        }
-        if !(1..=8).contains(&self.pq_bits) {
-            return Err(Error::PqConfig {
-                field: "pq_bits",
-                value: self.pq_bits.to_string(),
-                expected: "1..=8 (K = 2^bits centroids, codes fit in one byte)".into(),
-            });
-        }
+        check_group_factor(m, shape.d)?;
+        check_bits(self.pq_bits)?;
         for (field, v) in [
             ("sink_size", self.sink_size),
             ("window_size", self.window_size),
@@ -744,6 +722,44 @@ impl PqConfigOverrides {
             weight_dtype: self.weight_dtype.unwrap_or(base.weight_dtype),
         }
     }
+}
+
+/// `pq_group_factor` M against head_dim `d`: M must be a positive divisor of D.
+/// Shared by [`PqConfig`] and the prefill's config.
+///
+/// Errors: [`Error::PqConfig`] naming `pq_group_factor`, its value and the divisibility
+/// it lacks.
+pub(crate) fn check_group_factor(m: usize, d: usize) -> Result<()> {
+    if m != 0 && d.is_multiple_of(m) {
+        return Ok(());
+    }
+    Err(Error::PqConfig {
+        field: "pq_group_factor",
+        value: m.to_string(),
+        expected: if m == 0 {
+            format!("a positive divisor of head_dim D = {d}")
+        } else {
+            format!(
+                "a divisor of head_dim D = {d} (D % M = {d} % {m} = {})",
+                d % m
+            )
+        },
+    })
+}
+
+/// `pq_bits` in 1..=8 (codes are one byte). Shared by [`PqConfig`] and the prefill's
+/// config.
+///
+/// Errors: [`Error::PqConfig`] naming `pq_bits`, its value and the allowed range.
+pub(crate) fn check_bits(bits: u32) -> Result<()> {
+    if (1..=8).contains(&bits) {
+        return Ok(());
+    }
+    Err(Error::PqConfig {
+        field: "pq_bits",
+        value: bits.to_string(),
+        expected: "1..=8 (K = 2^bits centroids, codes fit in one byte)".into(),
+    })
 }
 
 /// `K = 2^bits` centroids per subvector (bits clamped to 16; valid for `bits <= 8`).

@@ -293,23 +293,7 @@ impl PrefillConfig {
             }
         }
         let m = self.pq_group_factor;
-        if m == 0 || !shape.d.is_multiple_of(m) {
-            return Err(Error::PqConfig {
-                field: "pq_group_factor",
-                value: m.to_string(),
-                expected: if m == 0 {
-                    format!("a positive divisor of head_dim D = {}", shape.d)
-                } else {
-                    format!(
-                        "a divisor of head_dim D = {} (D % M = {} % {} = {})",
-                        shape.d,
-                        shape.d,
-                        m,
-                        shape.d % m
-                    )
-                },
-            });
-        }
+        config::check_group_factor(m, shape.d)?;
         if shape.d / m > MAX_SUBVECTOR_DIM {
             return Err(Error::PqConfig {
                 field: "pq_group_factor",
@@ -322,13 +306,7 @@ impl PrefillConfig {
                 ),
             });
         }
-        if !(1..=8).contains(&self.pq_bits) {
-            return Err(Error::PqConfig {
-                field: "pq_bits",
-                value: self.pq_bits.to_string(),
-                expected: "1..=8 (K = 2^bits centroids, codes fit in one byte)".into(),
-            });
-        }
+        config::check_bits(self.pq_bits)?;
         if self.kmeans_iter == 0 || self.kmeans_iter > u32::MAX as usize {
             return Err(Error::PqConfig {
                 field: "kmeans_iter",
